@@ -1,0 +1,33 @@
+package memolock
+
+import "errors"
+
+var (
+	// ErrClosed is returned by calls on a closed Client, and to callers
+	// still waiting when Close is called.
+	ErrClosed = errors.New("memolock: client closed")
+
+	// ErrTimeout is returned when a caller's context ends before its value
+	// arrives. The error also matches the context's error, so
+	// errors.Is(err, context.DeadlineExceeded) holds for a deadline.
+	ErrTimeout = errors.New("memolock: gave up waiting for the value")
+
+	// ErrLeaseLost is returned by Lease methods once the lock is no longer
+	// held with the lease's token: it expired, or somebody deleted it.
+	ErrLeaseLost = errors.New("memolock: lease lost")
+
+	// ErrHolderFailed is returned to callers that waited on a holder in
+	// another process whose fetch failed. The error text carries the
+	// holder's message. Callers in the holder's own process get the fetch
+	// error itself.
+	ErrHolderFailed = errors.New("memolock: the lock holder's fetch failed")
+
+	// ErrFetchPanicked wraps a panic raised by a fetch function.
+	ErrFetchPanicked = errors.New("memolock: fetch panicked")
+
+	// ErrRedis wraps errors talking to Redis.
+	ErrRedis = errors.New("memolock: redis")
+
+	// ErrInvalid wraps every rejected argument or option.
+	ErrInvalid = errors.New("memolock: invalid argument")
+)

@@ -1,0 +1,263 @@
+package memolock
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Fault tests run on a real redis-server: miniredis has no CLIENT KILL and
+// no real expiry.
+
+func nilClient() *redis.Client { return nil }
+
+func runtimeGoexit() { runtime.Goexit() }
+
+// waitersLive waits until n memolock clients are subscribed to ch and their
+// marker PINGs have had time to return.
+func waitersLive(t *testing.T, raw *redis.Client, ch string, n int64) {
+	t.Helper()
+	eventually(t, 5*time.Second, fmt.Sprintf("%d subscribers on %s", n, ch), func() bool {
+		return raw.PubSubNumSub(bg(), ch).Val()[ch] == n
+	})
+	time.Sleep(20 * time.Millisecond)
+}
+
+func TestGet_WaitersSurviveClientKillOfPubSub(t *testing.T) {
+	b := realBackend(t)
+	opts := &Options{LockTTL: 30 * time.Second}
+	holder := newTestClient(t, b.addr, "kill", opts)
+	raw := rawClient(t, b.addr)
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	go func() { _, _ = holder.Get(bg(), "k", blockingFetch(started, release, "survived")) }()
+	<-started
+
+	const clients, perClient = 4, 25
+	results := make(chan string, clients*perClient)
+	var waiters []*testClient
+	for range clients {
+		c := newTestClient(t, b.addr, "kill", opts)
+		waiters = append(waiters, c)
+		for range perClient {
+			go func() {
+				v, err := c.Get(bg(), "k", constFetch(new(atomic.Int64), "waiter fetched", 0))
+				if err != nil {
+					results <- err.Error()
+					return
+				}
+				results <- string(v)
+			}()
+		}
+	}
+	waitersLive(t, raw, "kill/notif:k", clients)
+	if n := raw.ClientKillByFilter(bg(), "TYPE", "pubsub").Val(); n < clients {
+		t.Fatalf("CLIENT KILL TYPE pubsub killed %d connections", n)
+	}
+	// Publish right away, most likely inside the reconnect gap: the waiters
+	// must re-read after resubscribing.
+	t0 := time.Now()
+	close(release)
+	for range clients * perClient {
+		select {
+		case v := <-results:
+			if v != "survived" {
+				t.Errorf("waiter got %q", v)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("waiter still waiting 10s after the value was published (lock TTL 30s)")
+		}
+	}
+	t.Logf("all waiters had the value %v after the kill", time.Since(t0))
+	for _, c := range waiters {
+		if c.Stats().Reconnects == 0 {
+			t.Error("a waiter's subscriber saw no reconnect")
+		}
+	}
+}
+
+func TestGet_WaitersSurviveRedisRestart(t *testing.T) {
+	b := realBackend(t)
+	opts := &Options{LockTTL: 30 * time.Second}
+	holder := newTestClient(t, b.addr, "restart", opts)
+	waiter := newTestClient(t, b.addr, "restart", opts)
+	raw := rawClient(t, b.addr)
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	holderDone := make(chan error, 1)
+	go func() {
+		_, err := holder.Get(bg(), "k", blockingFetch(started, release, "from holder"))
+		holderDone <- err
+	}()
+	<-started
+	got := make(chan string, 1)
+	go func() {
+		v, err := waiter.Get(bg(), "k", constFetch(new(atomic.Int64), "from waiter", 0))
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		got <- string(v)
+	}()
+	waitersLive(t, raw, "restart/notif:k", 1)
+
+	b.real.Restart(t) // an empty server: the lock is gone
+	t0 := time.Now()
+	select {
+	case v := <-got:
+		// The waiter re-read after resubscribing, found no lock, took over.
+		if v != "from waiter" {
+			t.Errorf("waiter got %q", v)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("waiter still waiting 10s after the restart (lock TTL 30s)")
+	}
+	t.Logf("waiter answered %v after the restart", time.Since(t0))
+	close(release)
+	if err := <-holderDone; err != nil {
+		t.Errorf("holder: %v", err)
+	}
+	// The old holder lost its lease in the restart: the waiter's value stays.
+	if v := raw.Get(bg(), "restart:k").Val(); v != "from waiter" {
+		t.Errorf("stored value = %q", v)
+	}
+}
+
+const helperEnv = "MEMOLOCK_TEST_HOLDER"
+
+// runHelperHolder is the child process of TestGet_WaiterTakesOverWhenHolderDies:
+// it takes the lock, says so, and computes forever.
+func runHelperHolder() {
+	addr, rest, _ := strings.Cut(os.Getenv(helperEnv), " ")
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	c, err := New(rdb, "crash", &Options{LockTTL: 2 * time.Second})
+	if err != nil {
+		fmt.Println("ERROR", err)
+		os.Exit(1)
+	}
+	_, err = c.Get(context.Background(), rest, func(ctx context.Context, l *Lease) ([]byte, time.Duration, error) {
+		fmt.Println("HOLDING", l.Token())
+		select {}
+	})
+	fmt.Println("ERROR", err)
+	os.Exit(1)
+}
+
+func TestGet_WaiterTakesOverWhenHolderDies(t *testing.T) {
+	b := realBackend(t)
+	raw := rawClient(t, b.addr)
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), helperEnv+"="+b.addr+" k")
+	out, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "HOLDING ") {
+		_ = child.Process.Kill()
+		_ = child.Wait()
+		t.Fatalf("child: %q, %v", line, err)
+	}
+	token := strings.TrimSpace(strings.TrimPrefix(line, "HOLDING "))
+	if v := raw.Get(bg(), "crash/lock:k").Val(); v != token {
+		t.Fatalf("lock holds %q, child says %q", v, token)
+	}
+
+	c := newTestClient(t, b.addr, "crash", &Options{LockTTL: 2 * time.Second})
+	var holders []string
+	var mu sync.Mutex
+	c.onWait = func(id, holder string) { mu.Lock(); holders = append(holders, holder); mu.Unlock() }
+	result := make(chan error, 1)
+	var calls atomic.Int64
+	go func() {
+		v, err := c.Get(bg(), "k", constFetch(&calls, "recomputed", 0))
+		if err == nil && string(v) != "recomputed" {
+			err = fmt.Errorf("got %q", v)
+		}
+		result <- err
+	}()
+	eventually(t, 5*time.Second, "the waiter to wait", func() bool { return c.Stats().Waits == 1 })
+	_ = child.Process.Signal(syscall.SIGKILL)
+	_ = child.Wait()
+	select {
+	case err := <-result:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("no takeover 15s after the holder died (lock TTL 2s)")
+	}
+	if calls.Load() != 1 || c.Stats().Takeovers != 1 {
+		t.Errorf("fetches = %d, takeovers = %d; want 1 and 1", calls.Load(), c.Stats().Takeovers)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(holders) == 0 || holders[0] != token {
+		t.Errorf("OnWait saw holders %q, want the child's token first", holders)
+	}
+}
+
+func TestGet_WatchdogKeepsSlowFetchLocked(t *testing.T) {
+	b := realBackend(t)
+	opts := &Options{LockTTL: 300 * time.Millisecond}
+	c1 := newTestClient(t, b.addr, "slow", opts)
+	c2 := newTestClient(t, b.addr, "slow", opts)
+	var calls atomic.Int64
+	var wg sync.WaitGroup
+	for _, c := range []*testClient{c1, c2} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Four lock TTLs long.
+			v, err := c.Get(bg(), "k", constFetch(&calls, "slow value", 1200*time.Millisecond))
+			if err != nil || string(v) != "slow value" {
+				t.Errorf("Get = %q, %v", v, err)
+			}
+		}()
+		time.Sleep(50 * time.Millisecond)
+	}
+	wg.Wait()
+	if calls.Load() != 1 {
+		t.Fatalf("a slow fetch lost its lock: fetch ran %d times", calls.Load())
+	}
+}
+
+func TestLease_ExtendNeverShortens(t *testing.T) {
+	b := realBackend(t)
+	c := newTestClient(t, b.addr, "ext", &Options{LockTTL: 10 * time.Second})
+	raw := rawClient(t, b.addr)
+	_, err := c.Get(bg(), "k", func(ctx context.Context, l *Lease) ([]byte, time.Duration, error) {
+		if err := l.Extend(ctx, time.Minute); err != nil {
+			return nil, 0, err
+		}
+		if ttl := raw.PTTL(bg(), "ext/lock:k").Val(); ttl < 50*time.Second {
+			t.Errorf("after Extend(1m) the lock TTL is %v", ttl)
+		}
+		if err := l.Extend(ctx, time.Second); err != nil {
+			return nil, 0, err
+		}
+		if ttl := raw.PTTL(bg(), "ext/lock:k").Val(); ttl < 50*time.Second {
+			t.Errorf("Extend(1s) shortened the lock to %v", ttl)
+		}
+		if err := l.Extend(ctx, time.Microsecond); !errors.Is(err, ErrInvalid) {
+			t.Errorf("Extend(1µs) = %v, want ErrInvalid", err)
+		}
+		return []byte("v"), time.Minute, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

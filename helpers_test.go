@@ -1,0 +1,148 @@
+package memolock
+
+import (
+	"context"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/memolock/memolock/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) != "" {
+		runHelperHolder()
+		return
+	}
+	// go-redis logs every failed dial; the outage tests make many on purpose.
+	redis.SetLogger(quietLogger{})
+	goleak.VerifyTestMain(m)
+}
+
+// backend is a Redis server a test runs against.
+type backend struct {
+	name string
+	addr string
+	mini *miniredis.Miniredis   // set for miniredis
+	real *redistest.Server      // set for redis-server
+}
+
+// backends returns an embedded miniredis and a private redis-server.
+func backends(t *testing.T) []backend {
+	return []backend{miniBackend(t), realBackend(t)}
+}
+
+func miniBackend(t *testing.T) backend {
+	m := miniredis.NewMiniRedis()
+	if err := m.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	return backend{name: "miniredis", addr: m.Addr(), mini: m}
+}
+
+func realBackend(t *testing.T) backend {
+	s := redistest.Start(t)
+	return backend{name: "redis-server", addr: s.Addr, real: s}
+}
+
+// commandCounter counts the commands a go-redis client sends.
+type commandCounter struct{ n atomic.Int64 }
+
+func (h *commandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (h *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// testClient is a memolock Client with its own go-redis client, as a
+// separate process would have.
+type testClient struct {
+	*Client
+	rdb      *redis.Client
+	commands *commandCounter
+}
+
+func newTestClient(t testing.TB, addr, tag string, opts *Options) *testClient {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	cc := &commandCounter{}
+	rdb.AddHook(cc)
+	c, err := New(rdb, tag, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Close()
+		_ = rdb.Close()
+	})
+	return &testClient{Client: c, rdb: rdb, commands: cc}
+}
+
+func rawClient(t testing.TB, addr string) *redis.Client {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+// eventually fails the test unless cond holds within d.
+func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// constFetch returns a fetch that counts its calls and returns val.
+func constFetch(calls *atomic.Int64, val string, delay time.Duration) FetchFunc {
+	return func(ctx context.Context, _ *Lease) ([]byte, time.Duration, error) {
+		calls.Add(1)
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return nil, 0, ctx.Err()
+		}
+		return []byte(val), time.Minute, nil
+	}
+}
+
+// blockingFetch returns a fetch that signals started and returns val once
+// release is closed.
+func blockingFetch(started chan<- struct{}, release <-chan struct{}, val string) FetchFunc {
+	return func(ctx context.Context, _ *Lease) ([]byte, time.Duration, error) {
+		select {
+		case started <- struct{}{}:
+		default:
+		}
+		select {
+		case <-release:
+			return []byte(val), time.Minute, nil
+		case <-ctx.Done():
+			return nil, 0, ctx.Err()
+		}
+	}
+}
+
+func bg() context.Context { return context.Background() }
+
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}

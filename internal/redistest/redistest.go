@@ -1,0 +1,167 @@
+// Package redistest starts private redis-server processes for tests, on free
+// ports, so that tests can kill and restart them without touching a shared
+// server.
+//
+// When redis-server is not installed, Start skips the test, unless the
+// environment variable CI is "true": then it fails, so that CI never passes
+// by skipping.
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Server is one redis-server process.
+type Server struct {
+	Addr string
+	port int
+	bin  string
+	args []string
+	cmd  *exec.Cmd
+	dir  string
+}
+
+// Start starts a redis-server with no persistence on a free loopback port
+// and stops it when the test ends. extra are added to its command line.
+func Start(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("redis-server not found and CI=true: install it (apt-get install -y redis-server)")
+		}
+		t.Skip("redis-server not installed; set CI=true to make this a failure")
+	}
+	s := &Server{bin: bin, dir: t.TempDir()}
+	var lastErr error
+	for range 5 {
+		s.port, lastErr = freePort()
+		if lastErr != nil {
+			continue
+		}
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
+		s.args = append([]string{
+			"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", s.dir,
+			"--daemonize", "no", "--loglevel", "warning",
+		}, extra...)
+		if lastErr = s.start(); lastErr == nil {
+			t.Cleanup(s.Kill)
+			return s
+		}
+	}
+	t.Fatalf("starting redis-server: %v", lastErr)
+	return nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (s *Server) start() error {
+	cmd := exec.Command(s.bin, s.args...)
+	cmd.Dir = s.dir
+	log, err := os.Create(s.dir + "/redis.log")
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	s.cmd = cmd
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if s.ping() == nil {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	s.Kill()
+	out, _ := os.ReadFile(s.dir + "/redis.log")
+	return fmt.Errorf("redis-server on %s did not answer PING: %s", s.Addr, out)
+}
+
+// ping speaks RESP over a raw connection, so that checking the server
+// leaves no client goroutines behind.
+func (s *Server) ping() error {
+	c, err := net.DialTimeout("tcp", s.Addr, 200*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if !strings.HasPrefix(line, "+PONG") {
+		return fmt.Errorf("unexpected reply %q", line)
+	}
+	return nil
+}
+
+// Kill stops the server at once with SIGKILL, as a crash would. It is safe
+// to call on a server that is already down.
+func (s *Server) Kill() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+// Restart kills the server and starts a new, empty one on the same port.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.Kill()
+	var err error
+	for range 50 {
+		if err = s.start(); err == nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("restarting redis-server: %v", err)
+}
+
+// Client returns a go-redis client of the server, closed when the test ends.
+func (s *Server) Client(t testing.TB) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Do runs one command on a connection of its own and returns its result.
+func (s *Server) Do(t testing.TB, args ...any) any {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, Protocol: 2})
+	defer c.Close()
+	v, err := c.Do(context.Background(), args...).Result()
+	if err != nil && err != redis.Nil {
+		t.Fatalf("%v: %v", args, err)
+	}
+	return v
+}

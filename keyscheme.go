@@ -1,0 +1,65 @@
+package memolock
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+)
+
+// KeyScheme names the Redis keys and channels of one tag. It is the scheme of
+// the original redis-memolock, so its Go and C# peers interoperate:
+//
+//	<tag>:<id>            the value, a plain string
+//	<tag>/lock:<id>       the lock, holding the holder's token
+//	<tag>/notif:<id>      the channel on which the value is published
+//
+// memolock adds one channel that the original peers never read:
+//
+//	<tag>/lock-event:<id> holder failures, for memolock peers only
+//
+// Within one tag no id can make a value key equal a lock key. Across tags,
+// a tag containing "/lock" or "/notif" could, so NewKeyScheme rejects it. One
+// case remains: with tags "app" and "app:x", the id "x/lock:y" of "app" names
+// the lock of id "y" of "app:x". If ids come from untrusted input and tags
+// nest like that, set Options.HashIDs.
+type KeyScheme struct {
+	tag string
+}
+
+// NewKeyScheme validates tag and returns its scheme.
+func NewKeyScheme(tag string) (KeyScheme, error) {
+	if tag == "" {
+		return KeyScheme{}, fmt.Errorf("%w: tag is empty; pass a name such as \"likes\"", ErrInvalid)
+	}
+	for _, part := range []string{"/lock", "/notif"} {
+		if strings.Contains(tag, part) {
+			return KeyScheme{}, fmt.Errorf("%w: tag %q contains %q, which would collide with the lock keys and channels of tag %q",
+				ErrInvalid, tag, part, tag[:strings.Index(tag, part)])
+		}
+	}
+	return KeyScheme{tag: tag}, nil
+}
+
+// Tag returns the scheme's tag.
+func (k KeyScheme) Tag() string { return k.tag }
+
+// Value returns the key holding the value of id.
+func (k KeyScheme) Value(id string) string { return k.tag + ":" + id }
+
+// Lock returns the key of the lock on id.
+func (k KeyScheme) Lock(id string) string { return k.tag + "/lock:" + id }
+
+// Notif returns the channel on which the value of id is published.
+func (k KeyScheme) Notif(id string) string { return k.tag + "/notif:" + id }
+
+// Events returns the channel on which memolock peers report that the holder
+// of the lock on id gave up without a value.
+func (k KeyScheme) Events(id string) string { return k.tag + "/lock-event:" + id }
+
+// HashID returns the id that Options.HashIDs sends to Redis in place of id:
+// the lowercase hex SHA-256 of its bytes, 64 characters long.
+func HashID(id string) string {
+	sum := sha256.Sum256([]byte(id))
+	return hex.EncodeToString(sum[:])
+}

@@ -1,0 +1,97 @@
+package memolock
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// A Lease is the right to compute one value: the lock key holding our token.
+// The Client renews it while fetch runs; fetch may also check or extend it,
+// for example before a long step or in external-producer mode.
+//
+// Methods on a nil *Lease, which fetch receives when Options.FailOpen ran it
+// without a lock, report ErrLeaseLost.
+type Lease struct {
+	c     *Client
+	id    string
+	key   string
+	token string
+}
+
+// ID returns the id the lease is for, as sent to Redis.
+func (l *Lease) ID() string {
+	if l == nil {
+		return ""
+	}
+	return l.id
+}
+
+// Token returns the value stored in the lock: 128 random bits in hex, then
+// "@host:pid" of the holder for diagnostics.
+func (l *Lease) Token() string {
+	if l == nil {
+		return ""
+	}
+	return l.token
+}
+
+// Held reports whether the lock still holds the lease's token.
+func (l *Lease) Held(ctx context.Context) (bool, error) {
+	err := l.renew(ctx, 0)
+	if err == ErrLeaseLost {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// Extend makes the lock live at least ttl from now. It never shortens the
+// lock. It returns ErrLeaseLost if the lock no longer holds our token.
+func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if ttl < time.Millisecond {
+		return fmt.Errorf("%w: lease extension %v is under 1ms", ErrInvalid, ttl)
+	}
+	return l.renew(ctx, ttl)
+}
+
+func (l *Lease) renew(ctx context.Context, ttl time.Duration) error {
+	if l == nil {
+		return ErrLeaseLost
+	}
+	n, err := renewScript.Run(ctx, l.c.rdb, []string{l.key}, l.token, ttl.Milliseconds()).Int()
+	if err != nil {
+		return fmt.Errorf("%w: renewing lock %s: %w", ErrRedis, quote(l.key), err)
+	}
+	if n == 0 {
+		return ErrLeaseLost
+	}
+	return nil
+}
+
+// holderSuffix is appended to every token: "@host:pid", with the host
+// reduced to characters that are safe in logs and in event payloads.
+var holderSuffix = func() string {
+	host, _ := os.Hostname()
+	host = strings.Map(func(r rune) rune {
+		if r == '.' || r == '-' || r == '_' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' {
+			return r
+		}
+		return '_'
+	}, host)
+	if host == "" {
+		host = "unknown"
+	}
+	return "@" + host + ":" + strconv.Itoa(os.Getpid())
+}()
+
+// newToken returns a token unique to one lock acquisition.
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+	return hex.EncodeToString(b[:]) + holderSuffix
+}

@@ -1,0 +1,72 @@
+package memolock
+
+import "sync/atomic"
+
+// counters are a Client's live statistics: cheap atomics, safe to read at any time.
+type counters struct {
+	gets        atomic.Int64
+	hits        atomic.Int64
+	coalesced   atomic.Int64
+	fetches     atomic.Int64
+	fetchErrors atomic.Int64
+	waits       atomic.Int64
+	wakeups     atomic.Int64
+	takeovers   atomic.Int64
+	holderFails atomic.Int64
+	leaseLost   atomic.Int64
+	storeErrors atomic.Int64
+	failOpen    atomic.Int64
+
+	subscribes   atomic.Int64
+	unsubscribes atomic.Int64
+	pings        atomic.Int64
+	reconnects   atomic.Int64
+}
+
+// Stats is a copy of what a Client has done since it was created, returned by
+// Client.Stats.
+type Stats struct {
+	Gets        int64 // calls to Get and its variants
+	Hits        int64 // flights answered by a value already in Redis
+	Coalesced   int64 // callers that joined a flight already running in this process
+	Fetches     int64 // fetch functions run by this process
+	FetchErrors int64 // fetches that returned an error or panicked
+	Waits       int64 // flights that waited for another holder
+	Wakeups     int64 // flights answered by a pub/sub notification
+	Takeovers   int64 // locks taken after the previous holder's lock expired
+	HolderFails int64 // errors received from a failed holder in another process
+	LeaseLost   int64 // fetched values not stored because the lock was lost
+	StoreErrors int64 // fetched values not stored because Redis failed
+	FailOpen    int64 // fetches run without a lock because Redis failed (Options.FailOpen)
+
+	Subscribes   int64 // SUBSCRIBE commands sent
+	Unsubscribes int64 // UNSUBSCRIBE commands sent
+	Pings        int64 // marker PINGs sent on the pub/sub connection
+	Reconnects   int64 // pub/sub connection errors survived
+}
+
+func (s *counters) snapshot() Stats {
+	return Stats{
+		Gets:         s.gets.Load(),
+		Hits:         s.hits.Load(),
+		Coalesced:    s.coalesced.Load(),
+		Fetches:      s.fetches.Load(),
+		FetchErrors:  s.fetchErrors.Load(),
+		Waits:        s.waits.Load(),
+		Wakeups:      s.wakeups.Load(),
+		Takeovers:    s.takeovers.Load(),
+		HolderFails:  s.holderFails.Load(),
+		LeaseLost:    s.leaseLost.Load(),
+		StoreErrors:  s.storeErrors.Load(),
+		FailOpen:     s.failOpen.Load(),
+		Subscribes:   s.subscribes.Load(),
+		Unsubscribes: s.unsubscribes.Load(),
+		Pings:        s.pings.Load(),
+		Reconnects:   s.reconnects.Load(),
+	}
+}
+
+// PubSubCommands is the number of commands sent on the pub/sub connection.
+func (s Stats) PubSubCommands() int64 {
+	return s.Subscribes + s.Unsubscribes + s.Pings
+}
