@@ -33,11 +33,11 @@ type backend struct {
 }
 
 // backends returns an embedded miniredis and a private redis-server.
-func backends(t *testing.T) []backend {
+func backends(t testing.TB) []backend {
 	return []backend{miniBackend(t), realBackend(t)}
 }
 
-func miniBackend(t *testing.T) backend {
+func miniBackend(t testing.TB) backend {
 	m := miniredis.NewMiniRedis()
 	if err := m.Start(); err != nil {
 		t.Fatal(err)
@@ -46,7 +46,7 @@ func miniBackend(t *testing.T) backend {
 	return backend{name: "miniredis", addr: m.Addr(), mini: m}
 }
 
-func realBackend(t *testing.T) backend {
+func realBackend(t testing.TB) backend {
 	s := redistest.Start(t)
 	return backend{name: "redis-server", addr: s.Addr, real: s}
 }

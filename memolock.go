@@ -104,8 +104,8 @@ type flight struct {
 	id    string // as sent to Redis
 	fetch FetchFunc
 	start StartFunc // external-producer mode when set
-	ctx   context.Context
-	stop  context.CancelFunc
+	ctx   context.Context    // set when the flight leaves the caller's goroutine
+	stop  context.CancelFunc // cancels ctx; guarded by Client.mu
 	done  chan struct{}
 	val   []byte
 	err   error
@@ -114,6 +114,7 @@ type flight struct {
 	refs      int
 	holding   bool // runs fetch under our lock: outlives its callers
 	abandoned bool // every caller left before it held the lock
+	finished  bool // done is closed
 }
 
 // New returns a Client for the values of tag, stored through rdb. It makes
@@ -218,7 +219,6 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 		return c.await(ctx, f)
 	}
 	f := &flight{id: key, fetch: fetch, start: start, done: make(chan struct{}), refs: 1}
-	f.ctx, f.stop = context.WithCancel(context.WithoutCancel(ctx))
 	c.flights[key] = f
 	c.wg.Add(1)
 	c.mu.Unlock()
@@ -234,6 +234,12 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 		return r.value, nil
 	}
 	retry := err != nil && ctx.Err() != nil // only this caller gave up
+	c.mu.Lock()
+	f.ctx, f.stop = context.WithCancel(context.WithoutCancel(ctx))
+	if c.isClosed {
+		f.stop()
+	}
+	c.mu.Unlock()
 	go func() {
 		defer c.wg.Done()
 		val, err := c.resolve(f, r, err, retry)
@@ -242,20 +248,20 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 	return c.await(ctx, f)
 }
 
+// await waits for f on behalf of one caller. Close finishes every flight at
+// once, so f.done is all there is to wait for besides ctx.
 func (c *Client) await(ctx context.Context, f *flight) ([]byte, error) {
-	select {
-	case <-f.done:
+	cancelled := ctx.Done()
+	if cancelled == nil {
+		<-f.done // a plain receive: many callers on a hot key contend less
 		return f.val, f.err
-	default:
 	}
 	select {
 	case <-f.done:
 		return f.val, f.err
-	case <-ctx.Done():
+	case <-cancelled:
 		c.leave(f)
 		return nil, fmt.Errorf("%w: %w", ErrTimeout, ctx.Err())
-	case <-c.closing:
-		return nil, ErrClosed
 	}
 }
 
@@ -265,7 +271,7 @@ func (c *Client) leave(f *flight) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	f.refs--
-	if f.refs == 0 && !f.holding {
+	if f.refs == 0 && !f.holding && !f.finished {
 		f.abandoned = true
 		if c.flights[f.id] == f {
 			delete(c.flights, f.id)
@@ -274,13 +280,22 @@ func (c *Client) leave(f *flight) {
 	}
 }
 
+// finish hands the flight's result to its callers. Only the first call
+// counts: Close finishes flights early with ErrClosed.
 func (c *Client) finish(f *flight, val []byte, err error) {
 	c.mu.Lock()
+	if f.finished {
+		c.mu.Unlock()
+		return
+	}
+	f.finished = true
 	if c.flights[f.id] == f {
 		delete(c.flights, f.id)
 	}
+	if f.stop != nil {
+		f.stop()
+	}
 	c.mu.Unlock()
-	f.stop()
 	f.val, f.err = val, err
 	close(f.done)
 }
@@ -649,10 +664,17 @@ func (c *Client) Close() error {
 	}
 	c.isClosed = true
 	close(c.closing)
+	flights := make([]*flight, 0, len(c.flights))
 	for _, f := range c.flights {
-		f.stop() // also the context of running fetches
+		flights = append(flights, f)
+		if f.stop != nil {
+			f.stop() // also the context of running fetches
+		}
 	}
 	c.mu.Unlock()
+	for _, f := range flights {
+		c.finish(f, nil, ErrClosed)
+	}
 	c.sub.close()
 	c.wg.Wait()
 	close(c.closed)

@@ -1,0 +1,295 @@
+package memolock
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/singleflight"
+)
+
+// The benchmarks run against a private redis-server on loopback:
+//
+//	go test -run '^$' -bench . -benchtime 3s
+
+const benchGoroutines = 64
+
+// runParallel runs body on 64 goroutines in all.
+func runParallel(b *testing.B, body func(pb *testing.PB)) {
+	b.SetParallelism(max(1, benchGoroutines/runtime.GOMAXPROCS(0)))
+	b.ResetTimer()
+	b.RunParallel(body)
+}
+
+func storeKeys(b *testing.B, rdb *redis.Client, tag string, n int) []string {
+	ids := make([]string, n)
+	pipe := rdb.Pipeline()
+	for i := range ids {
+		ids[i] = fmt.Sprint(i)
+		pipe.Set(bg(), tag+":"+ids[i], "value of "+ids[i], 0)
+	}
+	if _, err := pipe.Exec(bg()); err != nil {
+		b.Fatal(err)
+	}
+	return ids
+}
+
+var failFetch FetchFunc = func(context.Context, *Lease) ([]byte, time.Duration, error) {
+	return nil, 0, fmt.Errorf("benchmark: unexpected miss")
+}
+
+// BenchmarkHit compares the hit path, 64 goroutines over 1,024 stored keys,
+// with a plain GET of the same keys.
+func BenchmarkHit(b *testing.B) {
+	srv := realBackend(b)
+	b.Run("go-redis-GET", func(b *testing.B) {
+		rdb := rawClient(b, srv.addr)
+		ids := storeKeys(b, rdb, "hit", 1024)
+		runParallel(b, func(pb *testing.PB) {
+			for i := rand.IntN(1024); pb.Next(); i++ {
+				if err := rdb.Get(bg(), "hit:"+ids[i%1024]).Err(); err != nil {
+					b.Error(err)
+				}
+			}
+		})
+	})
+	b.Run("memolock", func(b *testing.B) {
+		c := newTestClient(b, srv.addr, "hit", nil)
+		ids := storeKeys(b, c.rdb, "hit", 1024)
+		runParallel(b, func(pb *testing.PB) {
+			for i := rand.IntN(1024); pb.Next(); i++ {
+				if _, err := c.Get(bg(), ids[i%1024], failFetch); err != nil {
+					b.Error(err)
+				}
+			}
+		})
+	})
+}
+
+// BenchmarkHotKey compares 64 goroutines reading one key through memolock
+// with x/sync/singleflight wrapping GET.
+func BenchmarkHotKey(b *testing.B) {
+	srv := realBackend(b)
+	b.Run("singleflight-GET", func(b *testing.B) {
+		rdb := rawClient(b, srv.addr)
+		storeKeys(b, rdb, "hot", 1)
+		var g singleflight.Group
+		runParallel(b, func(pb *testing.PB) {
+			for pb.Next() {
+				_, err, _ := g.Do("hot:0", func() (any, error) { return rdb.Get(bg(), "hot:0").Bytes() })
+				if err != nil {
+					b.Error(err)
+				}
+			}
+		})
+	})
+	b.Run("memolock", func(b *testing.B) {
+		c := newTestClient(b, srv.addr, "hot", nil)
+		storeKeys(b, c.rdb, "hot", 1)
+		runParallel(b, func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := c.Get(bg(), "0", failFetch); err != nil {
+					b.Error(err)
+				}
+			}
+		})
+	})
+}
+
+// BenchmarkStampede measures the Redis commands one process spends when
+// 10,000 goroutines miss the same key at once.
+func BenchmarkStampede(b *testing.B) {
+	srv := realBackend(b)
+	c := newTestClient(b, srv.addr, "stampede", nil)
+	const callers = 10000
+	var commands int64
+	for i := 0; b.Loop(); i++ {
+		id := fmt.Sprint(i)
+		if i == 0 { // load the scripts, as any warm client has
+			_, _ = c.Get(bg(), "warm", func(context.Context, *Lease) ([]byte, time.Duration, error) { return nil, 0, nil })
+		}
+		start := c.Stats().Coalesced
+		before := c.commands.n.Load() + c.Stats().PubSubCommands()
+		fetch := func(context.Context, *Lease) ([]byte, time.Duration, error) {
+			for c.Stats().Coalesced-start < callers-1 {
+				time.Sleep(100 * time.Microsecond)
+			}
+			return []byte("v"), time.Minute, nil
+		}
+		var wg sync.WaitGroup
+		for range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := c.Get(bg(), id, fetch); err != nil {
+					b.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+		commands += c.commands.n.Load() + c.Stats().PubSubCommands() - before
+	}
+	b.ReportMetric(float64(commands)/float64(b.N), "cmds/stampede")
+}
+
+// BenchmarkMiss measures round trips per miss: one client, a new key each
+// time, a fetch that returns at once.
+func BenchmarkMiss(b *testing.B) {
+	srv := realBackend(b)
+	c := newTestClient(b, srv.addr, "miss", nil)
+	fetch := func(context.Context, *Lease) ([]byte, time.Duration, error) { return []byte("v"), time.Minute, nil }
+	_, _ = c.Get(bg(), "warm", fetch)
+	_, _ = c.Get(bg(), "warm", fetch)
+	before := c.commands.n.Load()
+	i := 0
+	for b.Loop() {
+		i++
+		if _, err := c.Get(bg(), fmt.Sprint(i), fetch); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(c.commands.n.Load()-before)/float64(b.N), "roundtrips/miss")
+}
+
+// BenchmarkWakeup measures the time from PUBLISH to the return of Get for
+// 1,000 parked waiters spread over 4 clients.
+func BenchmarkWakeup(b *testing.B) {
+	srv := realBackend(b)
+	const clients, waiters = 4, 1000
+	var cs []*testClient
+	for range clients {
+		cs = append(cs, newTestClient(b, srv.addr, "wake", &Options{LockTTL: time.Minute}))
+	}
+	raw := rawClient(b, srv.addr)
+	var all []time.Duration
+	for i := 0; b.Loop(); i++ {
+		b.StopTimer()
+		id := fmt.Sprint(i)
+		raw.Set(bg(), "wake/lock:"+id, "publisher", time.Minute)
+		var published atomic.Int64
+		lat := make([]time.Duration, waiters)
+		var wg sync.WaitGroup
+		for w := range waiters {
+			c := cs[w%clients]
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := c.Get(bg(), id, failFetch); err != nil {
+					b.Error(err)
+				}
+				lat[w] = time.Duration(time.Now().UnixNano() - published.Load())
+			}()
+		}
+		ch := "wake/notif:" + id
+		for raw.PubSubNumSub(bg(), ch).Val()[ch] < clients {
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(10 * time.Millisecond) // marker PONGs, re-reads, the last joiners
+		raw.Set(bg(), "wake:"+id, "v", time.Minute)
+		b.StartTimer()
+		published.Store(time.Now().UnixNano())
+		raw.Publish(bg(), ch, "v")
+		wg.Wait()
+		all = append(all, lat...)
+	}
+	slices.Sort(all)
+	b.ReportMetric(float64(all[len(all)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99-µs")
+}
+
+// psubscribeWaiters is the original redis-memolock's waiting design, for
+// comparison in BenchmarkWakeup: one PSUBSCRIBE of the whole tag per client,
+// go-redis Channel(), and one goroutine that hands each message to the
+// channels of its waiters.
+type psubscribeWaiters struct {
+	ps   *redis.PubSub
+	mu   sync.Mutex
+	subs map[string][]chan string
+	done chan struct{}
+}
+
+func newPSubscribeWaiters(b *testing.B, addr, tag string) *psubscribeWaiters {
+	rdb := rawClient(b, addr)
+	p := &psubscribeWaiters{ps: rdb.PSubscribe(bg(), tag+"/notif:*"), subs: map[string][]chan string{}, done: make(chan struct{})}
+	if _, err := p.ps.Receive(bg()); err != nil {
+		b.Fatal(err)
+	}
+	msgs := p.ps.Channel()
+	go func() {
+		defer close(p.done)
+		for m := range msgs {
+			p.mu.Lock()
+			for _, ch := range p.subs[m.Channel] {
+				ch <- m.Payload
+			}
+			delete(p.subs, m.Channel)
+			p.mu.Unlock()
+		}
+	}()
+	b.Cleanup(func() { _ = p.ps.Close(); <-p.done })
+	return p
+}
+
+func (p *psubscribeWaiters) wait(channel string) string {
+	ch := make(chan string, 1)
+	p.mu.Lock()
+	p.subs[channel] = append(p.subs[channel], ch)
+	p.mu.Unlock()
+	return <-ch
+}
+
+func (p *psubscribeWaiters) parked(channel string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.subs[channel])
+}
+
+// BenchmarkWakeupPSubscribe is BenchmarkWakeup for the original design.
+func BenchmarkWakeupPSubscribe(b *testing.B) {
+	srv := realBackend(b)
+	const clients, waiters = 4, 1000
+	var ps []*psubscribeWaiters
+	for range clients {
+		ps = append(ps, newPSubscribeWaiters(b, srv.addr, "wake"))
+	}
+	raw := rawClient(b, srv.addr)
+	var all []time.Duration
+	for i := 0; b.Loop(); i++ {
+		b.StopTimer()
+		ch := "wake/notif:" + fmt.Sprint(i)
+		var published atomic.Int64
+		lat := make([]time.Duration, waiters)
+		var wg sync.WaitGroup
+		for w := range waiters {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ps[w%clients].wait(ch)
+				lat[w] = time.Duration(time.Now().UnixNano() - published.Load())
+			}()
+		}
+		for n := 0; n < waiters; {
+			n = 0
+			for _, p := range ps {
+				n += p.parked(ch)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(10 * time.Millisecond)
+		b.StartTimer()
+		published.Store(time.Now().UnixNano())
+		raw.Publish(bg(), ch, "v")
+		wg.Wait()
+		all = append(all, lat...)
+	}
+	slices.Sort(all)
+	b.ReportMetric(float64(all[len(all)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99-µs")
+}
