@@ -28,8 +28,8 @@ func TestMain(m *testing.M) {
 type backend struct {
 	name string
 	addr string
-	mini *miniredis.Miniredis   // set for miniredis
-	real *redistest.Server      // set for redis-server
+	mini *miniredis.Miniredis // set for miniredis
+	real *redistest.Server    // set for redis-server
 }
 
 // backends returns an embedded miniredis and a private redis-server.

@@ -103,7 +103,7 @@ type Client struct {
 type flight struct {
 	id    string // as sent to Redis
 	fetch FetchFunc
-	start StartFunc // external-producer mode when set
+	start StartFunc          // external-producer mode when set
 	ctx   context.Context    // set when the flight leaves the caller's goroutine
 	stop  context.CancelFunc // cancels ctx; guarded by Client.mu
 	done  chan struct{}
