@@ -197,7 +197,13 @@ func (c *Client) GetExternal(ctx context.Context, id string, start StartFunc) ([
 	return c.get(ctx, id, nil, start)
 }
 
+// errNilClient answers calls on a nil *Client.
+var errNilClient = fmt.Errorf("%w: memolock client is nil; make one with New", ErrInvalid)
+
 func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start StartFunc) ([]byte, error) {
+	if c == nil {
+		return nil, errNilClient
+	}
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: context is nil", ErrInvalid)
 	}
@@ -656,6 +662,9 @@ func truncate(s string, n int) string {
 // call more than once and concurrently; every call returns when the client
 // is closed.
 func (c *Client) Close() error {
+	if c == nil {
+		return errNilClient
+	}
 	c.mu.Lock()
 	if c.isClosed {
 		c.mu.Unlock()

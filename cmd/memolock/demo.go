@@ -1,0 +1,223 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/memolock/memolock"
+)
+
+func demo(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("memolock demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	redisURL := fs.String("redis", "", "Redis URL (default: an embedded miniredis)")
+	clients := fs.Int("clients", 8, "independent clients, each with its own connections, like separate processes")
+	goroutines := fs.Int("goroutines", 200, "goroutines per client")
+	fetch := fs.Duration("fetch", 200*time.Millisecond, "how long the expensive computation takes")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *clients < 1 || *goroutines < 1 || *fetch < 0 {
+		fmt.Fprintln(stderr, "memolock demo: --clients and --goroutines must be at least 1, --fetch not negative")
+		return 2
+	}
+
+	opts := &redis.Options{}
+	where := "embedded miniredis"
+	if *redisURL == "" {
+		m, err := miniredis.Run()
+		if err != nil {
+			fmt.Fprintf(stderr, "memolock demo: starting miniredis: %v\n", err)
+			return 1
+		}
+		defer m.Close()
+		opts.Addr = m.Addr()
+	} else {
+		var err error
+		if opts, err = redis.ParseURL(*redisURL); err != nil {
+			fmt.Fprintf(stderr, "memolock demo: --redis %s is not a valid Redis URL\n", redact(*redisURL))
+			return 2
+		}
+		where = redact(*redisURL)
+	}
+
+	// A fresh key, so that the demo never reads an old value and can clean
+	// up after itself on a shared server.
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	id := "report-" + hex.EncodeToString(b[:])
+	const tag = "memolock-demo"
+
+	fmt.Fprintf(stdout, "memolock demo: %d clients x %d goroutines ask for one missing key at once;\n", *clients, *goroutines)
+	fmt.Fprintf(stdout, "computing it takes %v. Redis: %s.\n\n", *fetch, where)
+
+	protected, err := stampede(*opts, *clients, *goroutines, *fetch, tag, func(rdb *redis.Client, c *memolock.Client, compute func()) error {
+		_, err := c.Get(context.Background(), id, func(context.Context, *memolock.Lease) ([]byte, time.Duration, error) {
+			compute()
+			return []byte("the report"), time.Minute, nil
+		})
+		return err
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "memolock demo: %v\n", err)
+		return 1
+	}
+	plainKey := tag + ":" + id + ":unprotected"
+	unprotected, err := stampede(*opts, *clients, *goroutines, *fetch, "", func(rdb *redis.Client, _ *memolock.Client, compute func()) error {
+		ctx := context.Background()
+		if err := rdb.Get(ctx, plainKey).Err(); err != redis.Nil {
+			return err
+		}
+		compute()
+		return rdb.Set(ctx, plainKey, "the report", time.Minute).Err()
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "memolock demo: %v\n", err)
+		return 1
+	}
+
+	cleanup := redis.NewClient(opts)
+	_ = cleanup.Del(context.Background(), tag+":"+id, plainKey).Err()
+	_ = cleanup.Close()
+
+	fmt.Fprintf(stdout, "%-15s %13s %12s %12s %15s\n", "", "computations", "p50 latency", "p99 latency", "redis commands")
+	for _, r := range []struct {
+		name string
+		res  result
+	}{{"memolock", protected}, {"no protection", unprotected}} {
+		fmt.Fprintf(stdout, "%-15s %13d %12v %12v %15d\n", r.name, r.res.computations,
+			r.res.p50.Round(time.Millisecond/10), r.res.p99.Round(time.Millisecond/10), r.res.commands)
+	}
+	fmt.Fprintf(stdout, "\nRedis commands are counted by the clients (connection set-up excluded).\n")
+	if protected.computations != 1 {
+		fmt.Fprintf(stderr, "memolock demo: expected 1 computation with memolock, got %d\n", protected.computations)
+		return 1
+	}
+	return 0
+}
+
+type result struct {
+	computations int64
+	commands     int64
+	p50, p99     time.Duration
+}
+
+// stampede runs get on every goroutine of every client at once and counts
+// computations, commands and latencies. With a tag, each client also gets a
+// memolock.Client.
+func stampede(opts redis.Options, clients, goroutines int, fetch time.Duration, tag string,
+	get func(*redis.Client, *memolock.Client, func()) error) (result, error) {
+	var (
+		computed atomic.Int64
+		counters []*counter
+		mcs      []*memolock.Client
+		rdbs     []*redis.Client
+	)
+	defer func() {
+		for _, c := range mcs {
+			if c != nil {
+				_ = c.Close()
+			}
+		}
+		for _, r := range rdbs {
+			_ = r.Close()
+		}
+	}()
+	for range clients {
+		o := opts
+		rdb := redis.NewClient(&o)
+		cnt := &counter{}
+		rdb.AddHook(cnt)
+		rdbs, counters = append(rdbs, rdb), append(counters, cnt)
+		if tag != "" {
+			c, err := memolock.New(rdb, tag, &memolock.Options{LockTTL: 30 * time.Second})
+			if err != nil {
+				return result{}, err
+			}
+			mcs = append(mcs, c)
+		} else {
+			mcs = append(mcs, nil)
+		}
+	}
+	compute := func() {
+		computed.Add(1)
+		time.Sleep(fetch)
+	}
+
+	var (
+		wg    sync.WaitGroup
+		start = make(chan struct{})
+		lat   = make([]time.Duration, clients*goroutines)
+		errs  = make(chan error, clients*goroutines)
+	)
+	for i := range clients {
+		for j := range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				t0 := time.Now()
+				if err := get(rdbs[i], mcs[i], compute); err != nil {
+					errs <- err
+				}
+				lat[i*goroutines+j] = time.Since(t0)
+			}()
+		}
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return result{}, err
+	}
+
+	res := result{computations: computed.Load()}
+	for i, cnt := range counters {
+		res.commands += cnt.n.Load()
+		if mcs[i] != nil {
+			res.commands += mcs[i].Stats().PubSubCommands()
+		}
+	}
+	slices.Sort(lat)
+	res.p50, res.p99 = lat[len(lat)/2], lat[len(lat)*99/100]
+	return res, nil
+}
+
+// counter is a go-redis hook that counts the commands a client sends.
+type counter struct{ n atomic.Int64 }
+
+func (h *counter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+func (h *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			h.count(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// count skips the commands go-redis sends to set up each new connection.
+func (h *counter) count(cmd redis.Cmder) {
+	switch cmd.Name() {
+	case "hello", "client", "auth", "select":
+	default:
+		h.n.Add(1)
+	}
+}

@@ -1,0 +1,218 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/memolock/memolock/internal/redistest"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "memolock-cli")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "memolock")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building memolock: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := 0
+	func() {
+		defer os.RemoveAll(dir)
+		goleak.VerifyTestMain(exitCapture{m, &code})
+	}()
+	os.Exit(code)
+}
+
+// exitCapture lets TestMain clean up after goleak.VerifyTestMain, which
+// calls os.Exit itself.
+type exitCapture struct {
+	m    *testing.M
+	code *int
+}
+
+func (e exitCapture) Run() int { *e.code = e.m.Run(); return *e.code }
+
+type invocation struct {
+	stdout, stderr string
+	code           int
+	took           time.Duration
+}
+
+func memolockCmd(t *testing.T, env []string, args ...string) invocation {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	t0 := time.Now()
+	err := cmd.Run()
+	inv := invocation{stdout: out.String(), stderr: errb.String(), took: time.Since(t0)}
+	if ee, ok := err.(*exec.ExitError); ok {
+		inv.code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return inv
+}
+
+func TestDemo_EmbeddedComputesOnce(t *testing.T) {
+	inv := memolockCmd(t, nil, "demo", "--clients", "4", "--goroutines", "50", "--fetch", "100ms")
+	if inv.code != 0 {
+		t.Fatalf("exit %d: %s", inv.code, inv.stderr)
+	}
+	var got, unprotected int
+	for _, line := range strings.Split(inv.stdout, "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) > 1 && f[0] == "memolock":
+			fmt.Sscan(f[1], &got)
+		case len(f) > 2 && f[0] == "no" && f[1] == "protection":
+			fmt.Sscan(f[2], &unprotected)
+		}
+	}
+	if got != 1 || unprotected != 200 {
+		t.Fatalf("computations: memolock %d, unprotected %d; want 1 and 200\n%s", got, unprotected, inv.stdout)
+	}
+}
+
+func TestRun_ConcurrentInvocationsRunCommandOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	dir := t.TempDir()
+	counter := filepath.Join(dir, "runs")
+	script := fmt.Sprintf(`echo run >> %s; sleep 0.5; echo "report $$"`, counter)
+	const n = 6
+	results := make([]invocation, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = memolockCmd(t, nil, "run", "--redis", "redis://"+srv.Addr, "--tag", "cli", "--id", "report",
+				"--ttl", "1m", "--", "sh", "-c", script)
+		}()
+	}
+	wg.Wait()
+	for i, r := range results {
+		if r.code != 0 || r.stdout != results[0].stdout || !strings.HasPrefix(r.stdout, "report ") {
+			t.Errorf("invocation %d: exit %d, stdout %q, stderr %q", i, r.code, r.stdout, r.stderr)
+		}
+	}
+	runs, _ := os.ReadFile(counter)
+	if c := strings.Count(string(runs), "run"); c != 1 {
+		t.Errorf("command ran %d times", c)
+	}
+	waited := 0
+	for _, r := range results {
+		if strings.Contains(r.stderr, "memolock: waiting for cli:report, computed by ") && strings.Contains(r.stderr, "s)") {
+			waited++
+		}
+	}
+	if waited == 0 {
+		t.Error("no waiting invocation said so on stderr")
+	}
+	// Cached now: a later run prints the same bytes without running.
+	again := memolockCmd(t, []string{"MEMOLOCK_REDIS=redis://" + srv.Addr}, "run", "--tag", "cli", "--id", "report", "--ttl", "1m", "--", "false")
+	if again.code != 0 || again.stdout != results[0].stdout {
+		t.Errorf("cached run via MEMOLOCK_REDIS: exit %d, %q", again.code, again.stdout)
+	}
+}
+
+func TestRun_FailingCommandCachesNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	url := "redis://" + srv.Addr
+	holder := make(chan invocation, 1)
+	go func() {
+		holder <- memolockCmd(t, nil, "run", "--redis", url, "--tag", "cli", "--id", "bad", "--ttl", "1m",
+			"--lock-ttl", "30s", "--", "sh", "-c", "sleep 1; echo partial; exit 3")
+	}()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for rdb.Exists(context.Background(), "cli/lock:bad").Val() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("holder never took the lock")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	waiter := memolockCmd(t, nil, "run", "--redis", url, "--tag", "cli", "--id", "bad", "--ttl", "1m", "--", "sh", "-c", "echo waiter ran")
+	h := <-holder
+	if h.code != 3 {
+		t.Errorf("holder exit %d, want the command's 3; stderr %q", h.code, h.stderr)
+	}
+	if waiter.code == 0 || !strings.Contains(waiter.stderr, "command exited with status 3") || waiter.stdout != "" {
+		t.Errorf("waiter: exit %d, stdout %q, stderr %q", waiter.code, waiter.stdout, waiter.stderr)
+	}
+	if waiter.took > 10*time.Second {
+		t.Errorf("waiter took %v (lock TTL 30s)", waiter.took)
+	}
+	if n := rdb.Exists(context.Background(), "cli:bad", "cli/lock:bad").Val(); n != 0 {
+		t.Error("something was cached or locked after a failed command")
+	}
+}
+
+func TestRun_WaitLimit(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	rdb.Set(context.Background(), "cli/lock:slow", "someone", time.Minute)
+	inv := memolockCmd(t, nil, "run", "--redis", "redis://"+srv.Addr, "--tag", "cli", "--id", "slow", "--ttl", "1m",
+		"--wait", "300ms", "--", "echo", "never")
+	if inv.code != 124 || !strings.Contains(inv.stderr, "gave up") {
+		t.Errorf("exit %d, stderr %q", inv.code, inv.stderr)
+	}
+}
+
+func TestRun_PasswordNeverPrinted(t *testing.T) {
+	cases := [][]string{
+		{"run", "--redis", "redis://user:s3cret-pw@127.0.0.1:1/0", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"},
+		{"run", "--redis", "redis://user:s3cret-pw@127.0.0.1:1/%zz", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"},
+		{"run", "--redis", "bogus://user:s3cret-pw@127.0.0.1:1", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"},
+		{"demo", "--redis", "redis://user:s3cret-pw@127.0.0.1:1/0", "--clients", "1", "--goroutines", "1"},
+	}
+	for _, args := range cases {
+		inv := memolockCmd(t, nil, args...)
+		if inv.code == 0 {
+			t.Errorf("%v: exit 0 against a closed port", args)
+		}
+		if strings.Contains(inv.stdout+inv.stderr, "s3cret-pw") {
+			t.Errorf("%v printed the password: %s%s", args, inv.stdout, inv.stderr)
+		}
+	}
+}
+
+func TestRun_BadUsage(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{nil, "usage"},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
+		{[]string{"run", "--id", "i", "--ttl", "1s", "--", "echo"}, "--tag and --id are required"},
+		{[]string{"run", "--tag", "t", "--id", "i", "--", "echo"}, "--ttl is required"},
+		{[]string{"run", "--tag", "t", "--id", "i", "--ttl", "1s"}, "no command given"},
+		{[]string{"run", "--tag", "a/lock", "--id", "i", "--ttl", "1s", "--", "echo"}, `contains "/lock"`},
+		{[]string{"run", "--tag", "t", "--id", "i", "--ttl", "1s", "--lock-ttl", "1us", "--", "echo"}, "under 1ms"},
+	}
+	for _, tc := range cases {
+		inv := memolockCmd(t, nil, tc.args...)
+		if inv.code != 2 || !strings.Contains(inv.stderr, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tc.args, inv.code, inv.stderr, tc.want)
+		}
+	}
+}
