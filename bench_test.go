@@ -63,6 +63,7 @@ func BenchmarkHit(b *testing.B) {
 	b.Run("memolock", func(b *testing.B) {
 		c := newTestClient(b, srv.addr, "hit", nil)
 		ids := storeKeys(b, c.rdb, "hit", 1024)
+		before := c.Stats()
 		runParallel(b, func(pb *testing.PB) {
 			for i := rand.IntN(1024); pb.Next(); i++ {
 				if _, err := c.Get(bg(), ids[i%1024], failFetch); err != nil {
@@ -70,6 +71,8 @@ func BenchmarkHit(b *testing.B) {
 				}
 			}
 		})
+		// Callers that joined a flight already under way for the same key.
+		b.ReportMetric(float64(c.Stats().Coalesced-before.Coalesced)/float64(b.N), "coalesced/op")
 	})
 }
 

@@ -327,9 +327,9 @@ func (c *Client) closingNow() bool {
 }
 
 const (
-	replyBusy   = 0
-	replyHit    = 1
-	replyLocked = 2
+	replyBusy = iota
+	replyHit
+	replyLocked
 )
 
 // reply is what acquireScript answered.
@@ -344,30 +344,23 @@ type reply struct {
 func (c *Client) acquire(ctx context.Context, id string) (reply, error) {
 	token := newToken()
 	res, err := acquireScript.Run(ctx, c.rdb, []string{c.keys.Value(id), c.keys.Lock(id)},
-		token, c.lockTTL.Milliseconds()).Slice()
+		token, c.lockTTL.Milliseconds()).Result()
 	if err != nil {
 		return reply{}, fmt.Errorf("%w: reading %s: %w", ErrRedis, quote(c.keys.Value(id)), err)
 	}
-	bad := fmt.Errorf("%w: reading %s: unexpected script reply %v", ErrRedis, quote(c.keys.Value(id)), res)
-	if len(res) == 0 {
-		return reply{}, bad
-	}
-	kind, _ := res[0].(int64)
-	switch {
-	case kind == replyHit && len(res) == 2:
-		s, ok := res[1].(string)
-		if !ok {
-			return reply{}, bad
-		}
-		return reply{kind: replyHit, value: []byte(s)}, nil
-	case kind == replyLocked:
+	switch res := res.(type) {
+	case string:
+		return reply{kind: replyHit, value: []byte(res)}, nil
+	case int64:
 		return reply{kind: replyLocked, token: token}, nil
-	case kind == replyBusy && len(res) == 3:
-		pttl, _ := res[1].(int64)
-		holder, _ := res[2].(string)
-		return reply{kind: replyBusy, pttl: time.Duration(pttl) * time.Millisecond, holder: holder}, nil
+	case []any:
+		if len(res) == 2 {
+			pttl, _ := res[0].(int64)
+			holder, _ := res[1].(string)
+			return reply{kind: replyBusy, pttl: time.Duration(pttl) * time.Millisecond, holder: holder}, nil
+		}
 	}
-	return reply{}, bad
+	return reply{}, fmt.Errorf("%w: reading %s: unexpected script reply %v", ErrRedis, quote(c.keys.Value(id)), res)
 }
 
 // resolve runs a flight to its end, starting from the reply of the first

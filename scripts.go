@@ -8,12 +8,14 @@ import "github.com/redis/go-redis/v9"
 // argument, as PUBLISH channels are not keys.
 
 // acquireSrc returns the value, or takes the lock, or reports who holds it.
+// The reply's type tells which, so a hit, the hot path, returns the bare
+// value with no table to build.
 // KEYS: value, lock. ARGV: token, lock TTL in ms.
-// Reply: {1, value} | {2} (locked by us) | {0, lock PTTL in ms, holder token}.
+// Reply: value (bulk string) | 1 (integer: locked by us) | {lock PTTL in ms, holder token}.
 const acquireSrc = `local v = redis.call('GET', KEYS[1])
-if v then return {1, v} end
-if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {2} end
-return {0, redis.call('PTTL', KEYS[2]), redis.call('GET', KEYS[2])}
+if v then return v end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return {redis.call('PTTL', KEYS[2]), redis.call('GET', KEYS[2])}
 `
 
 // storeSrc stores the value, deletes the lock and publishes the value,
