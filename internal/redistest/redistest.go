@@ -165,3 +165,22 @@ func (s *Server) Do(t testing.TB, args ...any) any {
 	}
 	return v
 }
+
+// StartSentinel starts a Redis Sentinel watching master under the name
+// "mymaster", with a quorum of 1, and stops it when the test ends.
+func StartSentinel(t testing.TB, master *Server) *Server {
+	t.Helper()
+	s := Start(t) // a port and a directory; replaced below
+	s.Kill()
+	conf := s.dir + "/sentinel.conf"
+	host, port, _ := net.SplitHostPort(master.Addr)
+	body := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor mymaster %s %s 1\n", s.port, s.dir, host, port)
+	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.args = []string{conf, "--sentinel"}
+	if err := s.start(); err != nil {
+		t.Fatalf("starting redis sentinel: %v", err)
+	}
+	return s
+}
