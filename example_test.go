@@ -1,0 +1,75 @@
+package memolock_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/memolock/memolock"
+)
+
+// A stampede: 100 goroutines in each of 3 clients (think 3 processes) miss
+// the same key at once, and the value is computed once.
+func ExampleClient_Get() {
+	srv, _ := miniredis.Run()
+	defer srv.Close()
+
+	var computed atomic.Int64
+	countLikes := func(ctx context.Context, _ *memolock.Lease) ([]byte, time.Duration, error) {
+		computed.Add(1)
+		time.Sleep(50 * time.Millisecond) // the expensive part
+		return []byte("42"), time.Minute, nil
+	}
+
+	var wg sync.WaitGroup
+	for range 3 {
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+		defer rdb.Close()
+		likes, err := memolock.New(rdb, "likes", nil)
+		if err != nil {
+			panic(err)
+		}
+		defer likes.Close()
+		for range 100 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := likes.Get(context.Background(), "kristoff", countLikes); err != nil {
+					panic(err)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	v, _ := srv.Get("likes:kristoff")
+	fmt.Printf("computed %d time(s), stored %q\n", computed.Load(), v)
+	// Output: computed 1 time(s), stored "42"
+}
+
+type User struct {
+	Name  string `json:"name"`
+	Admin bool   `json:"admin"`
+}
+
+// Typed values are stored as JSON unless another Codec is given.
+func ExampleTyped_Get() {
+	srv, _ := miniredis.Run()
+	defer srv.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	c, _ := memolock.New(rdb, "users", nil)
+	defer c.Close()
+
+	users := memolock.Typed[User]{Client: c}
+	u, err := users.Get(context.Background(), "7", func(ctx context.Context, _ *memolock.Lease) (User, time.Duration, error) {
+		return User{Name: "ada", Admin: true}, time.Hour, nil
+	})
+	stored, _ := srv.Get("users:7")
+	fmt.Println(u.Name, err, stored)
+	// Output: ada <nil> {"name":"ada","admin":true}
+}
