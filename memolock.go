@@ -78,8 +78,9 @@ type Options struct {
 const DefaultLockTTL = 10 * time.Second
 
 // A Client computes values of one tag once across processes. It is safe for
-// concurrent use. Each Client owns one pub/sub connection, taken from the
-// redis client's options, and one goroutine that reads it.
+// concurrent use. Once it first waits for a value, a Client holds one pub/sub
+// connection, made from the redis client's options, and one goroutine that
+// reads it, until Close.
 type Client struct {
 	rdb      redis.UniversalClient
 	keys     KeyScheme
@@ -118,7 +119,8 @@ type flight struct {
 }
 
 // New returns a Client for the values of tag, stored through rdb. It makes
-// no connection until the first call.
+// no connection itself: the first Get uses rdb, and the pub/sub connection
+// is made when the client first waits for a value.
 func New(rdb redis.UniversalClient, tag string, opts *Options) (*Client, error) {
 	if rdb == nil || isNilPointer(rdb) {
 		return nil, fmt.Errorf("%w: redis client is nil", ErrInvalid)

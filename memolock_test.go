@@ -25,6 +25,9 @@ func TestGet_HitReturnsStoredValue(t *testing.T) {
 			if err != nil || string(v) != "42" {
 				t.Fatalf("Get = %q, %v; want 42", v, err)
 			}
+			if n := c.Stats().PubSubCommands(); n != 0 {
+				t.Errorf("a hit sent %d pub/sub commands; a client that only hits needs no subscription", n)
+			}
 		})
 	}
 }

@@ -11,8 +11,9 @@ import (
 )
 
 // A subscriber owns one go-redis PubSub connection and fans its messages out
-// to watches. One goroutine, loop, reads the connection; everything else
-// talks to it through mu, which guards the fields below it.
+// to watches. One goroutine, loop, started by the first watch, reads the
+// connection; everything else talks to it through mu, which guards the
+// fields below it.
 //
 // Redis acknowledges SUBSCRIBE asynchronously, and pub/sub is at-most-once:
 // anything published before the server has processed our SUBSCRIBE is lost.
@@ -33,6 +34,7 @@ type subscriber struct {
 	stop chan struct{} // closed by close
 
 	mu       sync.Mutex
+	started  bool // loop runs; it starts with the first watch
 	closed   bool
 	channels map[string]map[*watch]struct{} // subscribed channels and their watches
 	watches  map[*watch]struct{}
@@ -78,7 +80,6 @@ func newSubscriber(rdb redis.UniversalClient, stats *counters) *subscriber {
 		nextSeq:  1,
 		stats:    stats,
 	}
-	go s.loop()
 	return s
 }
 
@@ -92,6 +93,12 @@ func (s *subscriber) watch(channels ...string) *watch {
 		w.closed = true
 		w.poke()
 		return w
+	}
+	if !s.started {
+		// Connect only when somebody waits: a client that only hits holds
+		// no pub/sub connection.
+		s.started = true
+		go s.loop()
 	}
 	s.watches[w] = struct{}{}
 	var fresh []string
@@ -300,8 +307,12 @@ func (s *subscriber) close() {
 		w.closed = true
 		w.poke()
 	}
+	started := s.started
 	s.mu.Unlock()
 	close(s.stop)
 	_ = s.ps.Close()
+	if !started {
+		close(s.done)
+	}
 	<-s.done
 }
