@@ -90,6 +90,7 @@ type Client struct {
 	onWait   func(id, holder string)
 
 	sub     *subscriber
+	batch   *batcher
 	stats   counters
 	closing chan struct{} // closed when Close starts
 	closed  chan struct{} // closed when Close has finished
@@ -151,6 +152,7 @@ func New(rdb redis.UniversalClient, tag string, opts *Options) (*Client, error) 
 		flights:  make(map[string]*flight),
 	}
 	c.sub = newSubscriber(rdb, &c.stats)
+	c.batch = newBatcher(rdb, &c.stats)
 	return c, nil
 }
 
@@ -345,8 +347,7 @@ type reply struct {
 
 func (c *Client) acquire(ctx context.Context, id string) (reply, error) {
 	token := newToken()
-	res, err := acquireScript.Run(ctx, c.rdb, []string{c.keys.Value(id), c.keys.Lock(id)},
-		token, c.lockTTL.Milliseconds()).Result()
+	res, err := c.batch.run(ctx, []string{c.keys.Value(id), c.keys.Lock(id)}, token, c.lockTTL.Milliseconds())
 	if err != nil {
 		return reply{}, fmt.Errorf("%w: reading %s: %w", ErrRedis, quote(c.keys.Value(id)), err)
 	}
@@ -681,6 +682,7 @@ func (c *Client) Close() error {
 	}
 	c.sub.close()
 	c.wg.Wait()
+	c.batch.close() // after the flights, which may still be reading
 	close(c.closed)
 	return nil
 }

@@ -16,6 +16,7 @@ type counters struct {
 	leaseLost   atomic.Int64
 	storeErrors atomic.Int64
 	failOpen    atomic.Int64
+	batched     atomic.Int64
 
 	subscribes   atomic.Int64
 	unsubscribes atomic.Int64
@@ -38,6 +39,7 @@ type Stats struct {
 	LeaseLost   int64 // fetched values not stored because the lock was lost
 	StoreErrors int64 // fetched values not stored because Redis failed
 	FailOpen    int64 // fetches run without a lock because Redis failed (Options.FailOpen)
+	Batched     int64 // lookups sent in one pipeline with others, under load
 
 	Subscribes   int64 // SUBSCRIBE commands sent
 	Unsubscribes int64 // UNSUBSCRIBE commands sent
@@ -59,6 +61,7 @@ func (s *counters) snapshot() Stats {
 		LeaseLost:    s.leaseLost.Load(),
 		StoreErrors:  s.storeErrors.Load(),
 		FailOpen:     s.failOpen.Load(),
+		Batched:      s.batched.Load(),
 		Subscribes:   s.subscribes.Load(),
 		Unsubscribes: s.unsubscribes.Load(),
 		Pings:        s.pings.Load(),
