@@ -96,9 +96,11 @@ type Client struct {
 	closed  chan struct{} // closed when Close has finished
 	wg      sync.WaitGroup
 
-	mu       sync.Mutex
-	isClosed bool
-	flights  map[string]*flight
+	mu        sync.Mutex
+	isClosed  bool
+	flights   map[string]*flight
+	gets      int64 // counted here rather than in stats: the lock is held anyway
+	coalesced int64
 }
 
 // A flight is one process's pursuit of one value; its callers share it.
@@ -165,7 +167,13 @@ func isNilPointer(v any) bool {
 func (c *Client) Keys() KeyScheme { return c.keys }
 
 // Stats returns a copy of the client's counters.
-func (c *Client) Stats() Stats { return c.stats.snapshot() }
+func (c *Client) Stats() Stats {
+	s := c.stats.snapshot()
+	c.mu.Lock()
+	s.Gets, s.Coalesced = c.gets, c.coalesced
+	c.mu.Unlock()
+	return s
+}
 
 // Get returns the value of id. If Redis holds it, that is the answer.
 // Otherwise exactly one caller across all processes, the lock winner, runs
@@ -211,21 +219,21 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: context is nil", ErrInvalid)
 	}
-	c.stats.gets.Add(1)
 	key := id
 	if c.hashIDs {
 		key = HashID(id)
 	}
 
 	c.mu.Lock()
+	c.gets++
 	if c.isClosed {
 		c.mu.Unlock()
 		return nil, ErrClosed
 	}
 	if f := c.flights[key]; f != nil && !f.abandoned {
 		f.refs++
+		c.coalesced++
 		c.mu.Unlock()
-		c.stats.coalesced.Add(1)
 		return c.await(ctx, f)
 	}
 	f := &flight{id: key, fetch: fetch, start: start, done: make(chan struct{}), refs: 1}
@@ -252,8 +260,7 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 	c.mu.Unlock()
 	go func() {
 		defer c.wg.Done()
-		val, err := c.resolve(f, r, err, retry)
-		c.finish(f, val, err)
+		_, _ = c.resolve(f, r, err, retry) // it finishes f
 	}()
 	return c.await(ctx, f)
 }
@@ -366,18 +373,24 @@ func (c *Client) acquire(ctx context.Context, id string) (reply, error) {
 	return reply{}, fmt.Errorf("%w: reading %s: unexpected script reply %v", ErrRedis, quote(c.keys.Value(id)), res)
 }
 
-// resolve runs a flight to its end, starting from the reply of the first
+// resolve runs a flight to its end and finishes it, starting from the reply of the first
 // attempt (or its error; retry means that error was the first caller's own
 // cancellation and the attempt must be made again).
-func (c *Client) resolve(f *flight, r reply, err error, retry bool) ([]byte, error) {
+func (c *Client) resolve(f *flight, r reply, err error, retry bool) (val []byte, ferr error) {
 	var (
 		w       *watch
 		timer   *time.Timer
 		waited  bool
 		holder  string
 		ownLock string // our token while external work runs under our lock
+		release bool   // ownLock must go: the external value arrived
 	)
 	defer func() {
+		if release {
+			c.release(f.id, ownLock, "") // before callers look at Redis again
+		}
+		// Callers next; UNSUBSCRIBE can wait.
+		c.finish(f, val, ferr)
 		if w != nil {
 			c.sub.unwatch(w)
 		}
@@ -388,9 +401,7 @@ func (c *Client) resolve(f *flight, r reply, err error, retry bool) ([]byte, err
 	// gotValue finishes a flight that got its value while waiting; in
 	// external-producer mode our lock is still there and must go.
 	gotValue := func(v []byte) ([]byte, error) {
-		if ownLock != "" {
-			c.release(f.id, ownLock, "")
-		}
+		release = ownLock != ""
 		return v, nil
 	}
 

@@ -4,9 +4,7 @@ import "sync/atomic"
 
 // counters are a Client's live statistics: cheap atomics, safe to read at any time.
 type counters struct {
-	gets        atomic.Int64
 	hits        atomic.Int64
-	coalesced   atomic.Int64
 	fetches     atomic.Int64
 	fetchErrors atomic.Int64
 	waits       atomic.Int64
@@ -49,9 +47,7 @@ type Stats struct {
 
 func (s *counters) snapshot() Stats {
 	return Stats{
-		Gets:         s.gets.Load(),
 		Hits:         s.hits.Load(),
-		Coalesced:    s.coalesced.Load(),
 		Fetches:      s.fetches.Load(),
 		FetchErrors:  s.fetchErrors.Load(),
 		Waits:        s.waits.Load(),
