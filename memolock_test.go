@@ -765,3 +765,63 @@ func TestGet_GoexitInFetchIsAnError(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+func TestClose_WhileThousandsOfGetsAreInFlight(t *testing.T) {
+	b := miniBackend(t)
+	c := newTestClient(t, b.addr, "busy", nil)
+	raw := rawClient(t, b.addr)
+	raw.Set(bg(), "busy:hit", "v", time.Minute)
+	raw.Set(bg(), "busy/lock:held", "someone", time.Minute)
+	var wg sync.WaitGroup
+	var values, closed atomic.Int64
+	for i := range 2000 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := 0; ; j++ {
+				// Half the goroutines keep hitting and missing; the other
+				// half park on a lock held elsewhere after two values.
+				id := []string{"hit", fmt.Sprint("miss-", i, "-", j), "held"}[j%3]
+				if i%2 == 0 && id == "held" {
+					id = "hit"
+				}
+				v, err := c.Get(bg(), id, constFetch(new(atomic.Int64), "v", time.Millisecond))
+				switch {
+				case errors.Is(err, ErrClosed):
+					closed.Add(1)
+					return
+				case err != nil:
+					t.Errorf("Get(%q) = %v", id, err)
+					return
+				case string(v) != "v":
+					t.Errorf("Get(%q) = %q", id, v)
+					return
+				}
+				values.Add(1)
+			}
+		}()
+	}
+	eventually(t, 10*time.Second, "Gets to be under way", func() bool { return values.Load() > 4000 })
+	done := make(chan struct{})
+	go func() {
+		var cw sync.WaitGroup
+		for range 3 { // concurrent Close calls
+			cw.Add(1)
+			go func() { defer cw.Done(); _ = c.Close() }()
+		}
+		cw.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	wg.Wait()
+	if closed.Load() != 2000 {
+		t.Errorf("%d of 2000 goroutines saw ErrClosed", closed.Load())
+	}
+	if n := raw.Exists(bg(), "busy/lock:held").Val(); n != 1 {
+		t.Error("Close released a lock it did not hold")
+	}
+}

@@ -31,22 +31,11 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "building memolock: %v\n%s", err, out)
 		os.Exit(1)
 	}
-	code := 0
-	func() {
-		defer os.RemoveAll(dir)
-		goleak.VerifyTestMain(exitCapture{m, &code})
-	}()
-	os.Exit(code)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		os.RemoveAll(dir)
+		os.Exit(code)
+	}))
 }
-
-// exitCapture lets TestMain clean up after goleak.VerifyTestMain, which
-// calls os.Exit itself.
-type exitCapture struct {
-	m    *testing.M
-	code *int
-}
-
-func (e exitCapture) Run() int { *e.code = e.m.Run(); return *e.code }
 
 type invocation struct {
 	stdout, stderr string
