@@ -261,3 +261,78 @@ func TestLease_ExtendNeverShortens(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// loseReply runs the first acquire script on key for real, then reports it
+// failed, as when a caller's deadline strikes while the reply is on its way.
+type loseReply struct {
+	key    string
+	before func() // runs first, e.g. to wait for other callers
+	after  func() // runs once the script has run, e.g. to cancel a context
+	done   atomic.Bool
+}
+
+func (h *loseReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *loseReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *loseReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if len(args) < 4 || args[3] != h.key || h.done.Load() {
+			return next(ctx, cmd)
+		}
+		h.before()
+		if err := next(context.Background(), cmd); err != nil {
+			return err // NOSCRIPT: Script.Run tries EVAL next
+		}
+		h.done.Store(true)
+		h.after()
+		cmd.SetErr(context.Canceled)
+		return context.Canceled
+	}
+}
+
+func TestGet_LockTakenByALostReplyIsStillOurs(t *testing.T) {
+	b := miniBackend(t)
+	c := newTestClient(t, b.addr, "lost", &Options{LockTTL: time.Minute})
+	ctx, cancel := context.WithCancel(bg())
+	defer cancel()
+	c.rdb.AddHook(&loseReply{
+		key:    "lost:k",
+		before: func() { eventually(t, 5*time.Second, "a second caller", func() bool { return c.Stats().Coalesced == 1 }) },
+		after:  cancel,
+	})
+	var calls atomic.Int64
+	leader := make(chan error, 1)
+	go func() {
+		_, err := c.Get(ctx, "k", constFetch(&calls, "v", 0))
+		leader <- err
+	}()
+	eventually(t, 5*time.Second, "the leader", func() bool { return c.Stats().Gets == 1 })
+	jctx, jcancel := context.WithTimeout(bg(), 5*time.Second)
+	defer jcancel()
+	v, err := c.Get(jctx, "k", constFetch(&calls, "v", 0))
+	if err != nil || string(v) != "v" {
+		t.Fatalf("joined caller: %q, %v; want the value well before the 1m lock TTL", v, err)
+	}
+	if err := <-leader; !errors.Is(err, context.Canceled) {
+		t.Errorf("leader: %v", err)
+	}
+	if calls.Load() != 1 {
+		t.Errorf("fetch ran %d times", calls.Load())
+	}
+	if b.mini.Exists("lost/lock:k") {
+		t.Error("lock left behind")
+	}
+}
+
+func TestGet_AbandonedLostReplyReleasesItsLock(t *testing.T) {
+	b := miniBackend(t)
+	c := newTestClient(t, b.addr, "lost2", &Options{LockTTL: time.Minute})
+	ctx, cancel := context.WithCancel(bg())
+	c.rdb.AddHook(&loseReply{key: "lost2:k", before: func() {}, after: cancel})
+	if _, err := c.Get(ctx, "k", constFetch(new(atomic.Int64), "v", 0)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Get = %v", err)
+	}
+	eventually(t, 5*time.Second, "the orphaned lock to go", func() bool { return !b.mini.Exists("lost2/lock:k") })
+}

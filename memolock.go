@@ -356,7 +356,9 @@ func (c *Client) acquire(ctx context.Context, id string) (reply, error) {
 	token := newToken()
 	res, err := c.batch.run(ctx, []string{c.keys.Value(id), c.keys.Lock(id)}, token, c.lockTTL.Milliseconds())
 	if err != nil {
-		return reply{}, fmt.Errorf("%w: reading %s: %w", ErrRedis, quote(c.keys.Value(id)), err)
+		// The script may have run and taken the lock with this token
+		// before the error (a deadline during the read): keep it.
+		return reply{token: token}, fmt.Errorf("%w: reading %s: %w", ErrRedis, quote(c.keys.Value(id)), err)
 	}
 	switch res := res.(type) {
 	case string:
@@ -405,13 +407,28 @@ func (c *Client) resolve(f *flight, r reply, err error, retry bool) (val []byte,
 		return v, nil
 	}
 
+	notif := c.keys.Notif(f.id)
+	var unsure string // token of an attempt whose reply was lost
 	for {
 		if retry {
+			if err != nil {
+				unsure = r.token
+			}
 			r, err = c.acquire(f.ctx, f.id)
 		}
 		retry = true
+		if err == nil && r.kind == replyBusy && r.holder != "" && r.holder == unsure {
+			// That attempt did take the lock: it is ours.
+			r = reply{kind: replyLocked, token: unsure}
+		}
 		if err != nil {
 			if f.ctx.Err() != nil {
+				// These attempts may have taken the lock: hand it over.
+				for _, tok := range []string{unsure, r.token} {
+					if tok != "" {
+						c.release(f.id, tok, eventAbandon+"\n"+tok+"\n")
+					}
+				}
 				return nil, c.ended(f)
 			}
 			if c.failOpen && f.fetch != nil {
@@ -463,7 +480,7 @@ func (c *Client) resolve(f *flight, r reply, err error, retry bool) (val []byte,
 			c.stats.waits.Add(1)
 		}
 		if w == nil {
-			w = c.sub.watch(c.keys.Notif(f.id), c.keys.Events(f.id))
+			w = c.sub.watch(notif, c.keys.Events(f.id))
 		}
 		d := r.pttl + time.Millisecond
 		if r.pttl < 0 {
@@ -484,7 +501,7 @@ func (c *Client) resolve(f *flight, r reply, err error, retry bool) (val []byte,
 					return nil, ErrClosed
 				}
 				for _, m := range ev.messages {
-					if m.Channel == c.keys.Notif(f.id) {
+					if m.Channel == notif {
 						c.stats.wakeups.Add(1)
 						return gotValue([]byte(m.Payload))
 					}
