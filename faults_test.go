@@ -298,9 +298,11 @@ func TestGet_LockTakenByALostReplyIsStillOurs(t *testing.T) {
 	ctx, cancel := context.WithCancel(bg())
 	defer cancel()
 	c.rdb.AddHook(&loseReply{
-		key:    "lost:k",
-		before: func() { eventually(t, 5*time.Second, "a second caller", func() bool { return c.Stats().Coalesced == 1 }) },
-		after:  cancel,
+		key: "lost:k",
+		before: func() {
+			eventually(t, 5*time.Second, "a second caller", func() bool { return c.Stats().Coalesced == 1 })
+		},
+		after: cancel,
 	})
 	var calls atomic.Int64
 	leader := make(chan error, 1)
