@@ -426,7 +426,7 @@ func (c *Client) resolve(f *flight, r reply, err error, retry bool) (val []byte,
 				// These attempts may have taken the lock: hand it over.
 				for _, tok := range []string{unsure, r.token} {
 					if tok != "" {
-						c.release(f.id, tok, eventAbandon+"\n"+tok+"\n")
+						c.release(f.id, tok, abandonEvent(tok))
 					}
 				}
 				return nil, c.ended(f)
@@ -533,6 +533,15 @@ func (c *Client) resolve(f *flight, r reply, err error, retry bool) (val []byte,
 	}
 }
 
+func abandonEvent(token string) string { return eventAbandon + "\n" + token + "\n" }
+
+// failEvent reports err to waiters in other processes: its first line (a
+// panic's stack stays local), at most 4096 bytes.
+func failEvent(token string, err error) string {
+	msg, _, _ := strings.Cut(err.Error(), "\n")
+	return eventFail + "\n" + token + "\n" + truncate(msg, 4096)
+}
+
 // parseEvent splits an event payload into kind, token and text.
 func parseEvent(p string) (kind, token, text string) {
 	kind, rest, _ := strings.Cut(p, "\n")
@@ -546,7 +555,7 @@ func (c *Client) hold(f *flight, token string) ([]byte, error) {
 	if f.abandoned || c.isClosed {
 		c.mu.Unlock()
 		// Somebody elsewhere may already wait on this lock: hand it over.
-		c.release(f.id, token, eventAbandon+"\n"+token+"\n")
+		c.release(f.id, token, abandonEvent(token))
 		return nil, c.ended(f)
 	}
 	f.holding = true
@@ -592,7 +601,7 @@ func (c *Client) compute(f *flight, lease *Lease) ([]byte, error) {
 			if c.closingNow() {
 				// fetch most likely failed because Close cancelled it.
 				if lease != nil {
-					c.release(f.id, lease.token, eventAbandon+"\n"+lease.token+"\n")
+					c.release(f.id, lease.token, abandonEvent(lease.token))
 				}
 				return nil, ErrClosed
 			}
@@ -602,7 +611,7 @@ func (c *Client) compute(f *flight, lease *Lease) ([]byte, error) {
 			if res.err != nil {
 				c.stats.fetchErrors.Add(1)
 				if lease != nil {
-					c.release(f.id, lease.token, eventFail+"\n"+lease.token+"\n"+truncate(res.err.Error(), 4096))
+					c.release(f.id, lease.token, failEvent(lease.token, res.err))
 				}
 				return nil, res.err
 			}
@@ -616,7 +625,7 @@ func (c *Client) compute(f *flight, lease *Lease) ([]byte, error) {
 			}
 		case <-c.closing:
 			if lease != nil {
-				c.release(f.id, lease.token, eventAbandon+"\n"+lease.token+"\n")
+				c.release(f.id, lease.token, abandonEvent(lease.token))
 			}
 			<-results // Close waits for fetch to see its cancelled context
 			return nil, ErrClosed
@@ -633,7 +642,7 @@ func (c *Client) startExternal(f *flight, token string) (err error) {
 		}
 		if err != nil {
 			c.stats.fetchErrors.Add(1)
-			c.release(f.id, token, eventFail+"\n"+token+"\n"+truncate(err.Error(), 4096))
+			c.release(f.id, token, failEvent(token, err))
 		}
 	}()
 	c.stats.fetches.Add(1)
