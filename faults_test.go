@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/memolock/memolock/internal/redistest"
 )
 
 // Fault tests run on a real redis-server: miniredis has no CLIENT KILL and
@@ -337,4 +339,44 @@ func TestGet_AbandonedLostReplyReleasesItsLock(t *testing.T) {
 		t.Fatalf("Get = %v", err)
 	}
 	eventually(t, 5*time.Second, "the orphaned lock to go", func() bool { return !b.mini.Exists("lost2/lock:k") })
+}
+
+func TestGet_WaiterSurvivesSilentlyDeadPubSubConnection(t *testing.T) {
+	b := miniBackend(t)
+	proxy := redistest.StartProxy(t, b.addr)
+	raw := rawClient(t, b.addr)
+	raw.Set(bg(), "silent/lock:k", "holder", time.Minute)
+	c := newTestClient(t, proxy.Addr, "silent", &Options{LockTTL: time.Minute})
+	c.sub.health = 100 * time.Millisecond
+	got := make(chan string, 1)
+	go func() {
+		v, err := c.Get(bg(), "k", constFetch(new(atomic.Int64), "fetched", 0))
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		got <- string(v)
+	}()
+	eventually(t, 5*time.Second, "the waiter to subscribe", func() bool {
+		return b.mini.PubSubNumSub("silent/notif:k")["silent/notif:k"] == 1 && c.Stats().Pings > 0
+	})
+	time.Sleep(20 * time.Millisecond)
+	if n := proxy.SilencePubSub(); n != 1 {
+		t.Fatalf("silenced %d pub/sub connections, want 1", n)
+	}
+	// The holder finishes while the waiter's connection swallows everything.
+	raw.Set(bg(), "silent:k", "published", time.Minute)
+	raw.Del(bg(), "silent/lock:k")
+	raw.Publish(bg(), "silent/notif:k", "published")
+	select {
+	case v := <-got:
+		if v != "published" {
+			t.Fatalf("got %q", v)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("waiter still waiting 5s after the value was published (lock TTL 1m)")
+	}
+	if c.Stats().Reconnects == 0 {
+		t.Error("the dead connection was not replaced")
+	}
 }

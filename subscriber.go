@@ -2,6 +2,8 @@ package memolock
 
 import (
 	"context"
+	"errors"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,12 +31,14 @@ import (
 // an UNSUBSCRIBE) are indistinguishable from the current one, and because
 // go-redis may or may not have re-sent a channel whose SUBSCRIBE failed.
 type subscriber struct {
-	ps   *redis.PubSub
-	done chan struct{} // closed when loop has returned
-	stop chan struct{} // closed by close
+	rdb    redis.UniversalClient
+	health time.Duration // idle time after which loop probes the connection
+	done   chan struct{} // closed when loop has returned
+	stop   chan struct{} // closed by close
 
 	mu       sync.Mutex
-	started  bool // loop runs; it starts with the first watch
+	ps       *redis.PubSub // replaced by loop when it finds it dead
+	started  bool          // loop runs; it starts with the first watch
 	closed   bool
 	channels map[string]map[*watch]struct{} // subscribed channels and their watches
 	watches  map[*watch]struct{}
@@ -70,8 +74,15 @@ type events struct {
 
 const markerPrefix = "memolock:"
 
+// defaultHealth is how long the pub/sub connection may stay silent before
+// loop sends a probe PING; with no answer for as long again, loop replaces the
+// connection. It catches connections that died without a reset.
+const defaultHealth = 3 * time.Second
+
 func newSubscriber(rdb redis.UniversalClient, stats *counters) *subscriber {
 	s := &subscriber{
+		rdb:      rdb,
+		health:   defaultHealth,
 		ps:       rdb.Subscribe(context.Background()),
 		done:     make(chan struct{}),
 		stop:     make(chan struct{}),
@@ -176,10 +187,12 @@ func (w *watch) poke() {
 	}
 }
 
-// loop reads the connection until close.
+// loop reads the connection until close. Only loop receives, and only loop
+// replaces s.ps, so it may read s.ps without mu.
 func (s *subscriber) loop() {
 	defer close(s.done)
 	backoff := time.Duration(0)
+	probing := false // a probe PING is out and nothing has arrived since
 	for {
 		if s.resyncIfDue() != nil {
 			if !s.sleep(&backoff) {
@@ -187,20 +200,64 @@ func (s *subscriber) loop() {
 			}
 			continue
 		}
-		msg, err := s.ps.Receive(context.Background())
-		if err != nil {
-			if s.isClosed() {
-				return
+		msg, err := s.ps.ReceiveTimeout(context.Background(), s.health)
+		var nerr net.Error
+		switch {
+		case err == nil:
+			backoff, probing = 0, false
+			s.dispatch(msg)
+		case errors.As(err, &nerr) && nerr.Timeout() && !probing:
+			// Silent for a while: ask. go-redis keeps the connection
+			// after a ReceiveTimeout timeout.
+			probing = true
+			s.probe()
+		case s.isClosed():
+			return
+		default:
+			if nerr != nil && nerr.Timeout() {
+				// No answer to the probe either: the connection died
+				// without a reset. Start again on a new one.
+				s.replace()
 			}
+			probing = false
 			s.lost()
 			if !s.sleep(&backoff) {
 				return
 			}
-			continue
 		}
-		backoff = 0
-		s.dispatch(msg)
 	}
+}
+
+// probe sends a PING that nothing waits for; any reply proves the
+// connection alive.
+func (s *subscriber) probe() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stats.pings.Add(1)
+	_ = s.ps.Ping(context.Background(), markerPrefix+"probe")
+}
+
+// replace swaps a dead PubSub for a new one subscribed to every channel.
+func (s *subscriber) replace() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	old := s.ps
+	s.ps = s.rdb.Subscribe(context.Background())
+	if len(s.channels) > 0 {
+		chans := make([]string, 0, len(s.channels))
+		for ch := range s.channels {
+			chans = append(chans, ch)
+		}
+		s.stats.subscribes.Add(1)
+		// If this write fails, the channels are remembered and the next
+		// Receive dials and re-sends them.
+		_ = s.ps.Subscribe(context.Background(), chans...)
+	}
+	s.mu.Unlock()
+	_ = old.Close()
 }
 
 // sleep waits before the next attempt after an error: go-redis dials again on
@@ -307,10 +364,10 @@ func (s *subscriber) close() {
 		w.closed = true
 		w.poke()
 	}
-	started := s.started
+	started, ps := s.started, s.ps
 	s.mu.Unlock()
 	close(s.stop)
-	_ = s.ps.Close()
+	_ = ps.Close()
 	if !started {
 		close(s.done)
 	}
