@@ -26,6 +26,10 @@ import (
 // PING, and every watch re-reads when its PONG arrives, because whatever was
 // published during the gap is gone.
 //
+// A connection that dies without a reset raises no error. When the
+// connection has been silent for health, loop sends a probe PING; if nothing
+// arrives for health again, it replaces the PubSub and resyncs likewise.
+//
 // Marker PINGs are used instead of counting subscribe acknowledgements
 // because acknowledgements of an earlier SUBSCRIBE of the same channel (before
 // an UNSUBSCRIBE) are indistinguishable from the current one, and because
