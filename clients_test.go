@@ -1,6 +1,8 @@
 package memolock
 
 import (
+	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -40,5 +42,54 @@ func TestGet_WorksThroughSentinelFailoverClient(t *testing.T) {
 	}
 	if v := master.Do(t, "GET", "sentinel:k"); v != "through sentinel" {
 		t.Errorf("master holds %v", v)
+	}
+}
+
+// RESP2 and RESP3 answer PING in subscribed mode differently (an array
+// against a plain string); markers must work with both.
+func TestGet_WorksOverRESP2AndRESP3(t *testing.T) {
+	for _, b := range backends(t) {
+		for _, proto := range []int{2, 3} {
+			t.Run(fmt.Sprintf("%s/RESP%d", b.name, proto), func(t *testing.T) {
+				raw := rawClient(t, b.addr)
+				raw.Del(bg(), "proto:k")
+				raw.Set(bg(), "proto/lock:k", "someone", time.Minute)
+				var cs []*Client
+				for range 3 {
+					rdb := redis.NewClient(&redis.Options{Addr: b.addr, Protocol: proto})
+					c, err := New(rdb, "proto", &Options{LockTTL: time.Minute})
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { _ = c.Close(); _ = rdb.Close() })
+					cs = append(cs, c)
+				}
+				var wg sync.WaitGroup
+				for _, c := range cs {
+					for range 10 {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+							defer cancel()
+							v, err := c.Get(ctx, "k", constFetch(new(atomic.Int64), "fetched", 0))
+							if err != nil || string(v) != "published" {
+								t.Errorf("Get = %q, %v", v, err)
+							}
+						}()
+					}
+				}
+				eventually(t, 5*time.Second, "3 subscribers", func() bool {
+					return raw.PubSubNumSub(bg(), "proto/notif:k").Val()["proto/notif:k"] == 3
+				})
+				// Let the markers return, then publish: only live
+				// subscriptions hear it, the rest must re-read.
+				time.Sleep(20 * time.Millisecond)
+				raw.Set(bg(), "proto:k", "published", time.Minute)
+				raw.Del(bg(), "proto/lock:k")
+				raw.Publish(bg(), "proto/notif:k", "published")
+				wg.Wait()
+			})
+		}
 	}
 }
