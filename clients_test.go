@@ -2,7 +2,9 @@ package memolock
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -91,5 +93,47 @@ func TestGet_WorksOverRESP2AndRESP3(t *testing.T) {
 				wg.Wait()
 			})
 		}
+	}
+}
+
+// Redis Cluster is a later issue, but the key scheme already allows it: an
+// id in {braces} puts the value and the lock of that id in one slot.
+func TestGet_WorksOnClusterWithHashTaggedIDs(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	var calls atomic.Int64
+	var wg sync.WaitGroup
+	var cs []*Client
+	for range 3 {
+		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr}})
+		c, err := New(rdb, "cl", &Options{LockTTL: 30 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close(); _ = rdb.Close() })
+		cs = append(cs, c)
+		for range 10 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 10 {
+					ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+					v, err := c.Get(ctx, fmt.Sprintf("{id%d}", i), constFetch(&calls, "v", 20*time.Millisecond))
+					cancel()
+					if err != nil || string(v) != "v" {
+						t.Errorf("Get = %q, %v", v, err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if calls.Load() != 10 {
+		t.Errorf("10 keys fetched %d times", calls.Load())
+	}
+	// Without a hash tag the script's two keys are in different slots.
+	_, err := cs[0].Get(bg(), "plain", constFetch(&calls, "v", 0))
+	if !errors.Is(err, ErrRedis) || !strings.Contains(err.Error(), "CROSSSLOT") {
+		t.Errorf("un-tagged id on a cluster: %v, want ErrRedis naming CROSSSLOT", err)
 	}
 }

@@ -184,3 +184,41 @@ func StartSentinel(t testing.TB, master *Server) *Server {
 	}
 	return s
 }
+
+// StartCluster starts a Redis Cluster of n masters, no replicas, and stops
+// it when the test ends. It returns the nodes.
+func StartCluster(t testing.TB, n int) []*Server {
+	t.Helper()
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("redis-cli not found and CI=true: install redis-tools")
+		}
+		t.Skip("redis-cli not installed")
+	}
+	var nodes []*Server
+	args := []string{"--cluster", "create"}
+	for range n {
+		s := Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+		nodes = append(nodes, s)
+		args = append(args, s.Addr)
+	}
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, s := range nodes {
+		for {
+			info, _ := s.Do(t, "CLUSTER", "INFO").(string)
+			if strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("cluster on %s not ready: %s", s.Addr, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return nodes
+}
