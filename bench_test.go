@@ -129,25 +129,8 @@ func BenchmarkStampede(b *testing.B) {
 		if i == 0 { // load the scripts, as any warm client has
 			_, _ = c.Get(bg(), "warm", func(context.Context, *Lease) ([]byte, time.Duration, error) { return nil, 0, nil })
 		}
-		start := c.Stats().Coalesced
 		before := c.commands.n.Load() + c.Stats().PubSubCommands()
-		fetch := func(context.Context, *Lease) ([]byte, time.Duration, error) {
-			for c.Stats().Coalesced-start < callers-1 {
-				time.Sleep(100 * time.Microsecond)
-			}
-			return []byte("v"), time.Minute, nil
-		}
-		var wg sync.WaitGroup
-		for range callers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if _, err := c.Get(bg(), id, fetch); err != nil {
-					b.Error(err)
-				}
-			}()
-		}
-		wg.Wait()
+		stampede(b, c, id, callers)
 		commands += c.commands.n.Load() + c.Stats().PubSubCommands() - before
 	}
 	b.ReportMetric(float64(commands)/float64(b.N), "cmds/stampede")

@@ -3,6 +3,7 @@ package memolock
 import (
 	"context"
 	"os"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -142,6 +143,33 @@ func blockingFetch(started chan<- struct{}, release <-chan struct{}, val string)
 }
 
 func bg() context.Context { return context.Background() }
+
+// stampede has callers goroutines Get id from c at once. Its fetch returns
+// only once all of them have joined the flight, so every one is part of the
+// stampede however slowly goroutines start. It returns how often fetch ran.
+func stampede(tb testing.TB, c *testClient, id string, callers int) int64 {
+	start := c.Stats().Coalesced
+	var calls atomic.Int64
+	fetch := func(context.Context, *Lease) ([]byte, time.Duration, error) {
+		calls.Add(1)
+		for c.Stats().Coalesced-start < int64(callers-1) {
+			time.Sleep(100 * time.Microsecond)
+		}
+		return []byte("v"), time.Minute, nil
+	}
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if v, err := c.Get(bg(), id, fetch); err != nil || string(v) != "v" {
+				tb.Errorf("Get = %q, %v", v, err)
+			}
+		}()
+	}
+	wg.Wait()
+	return calls.Load()
+}
 
 type quietLogger struct{}
 

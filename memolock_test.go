@@ -121,33 +121,12 @@ func TestGet_InProcessStampedeCostsAFewCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := c.commands.n.Load()
-	const callers = 10000
-	var calls atomic.Int64
-	// fetch returns once every caller has arrived, so all of them are in
-	// the stampede however slowly the goroutines start.
-	fetch := func(ctx context.Context, _ *Lease) ([]byte, time.Duration, error) {
-		calls.Add(1)
-		for c.Stats().Coalesced < callers-1 {
-			time.Sleep(time.Millisecond)
-		}
-		return []byte("v"), time.Minute, nil
-	}
-	var wg sync.WaitGroup
-	for range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if v, err := c.Get(bg(), "hot", fetch); err != nil || string(v) != "v" {
-				t.Errorf("Get = %q, %v", v, err)
-			}
-		}()
-	}
-	wg.Wait()
+	calls := stampede(t, c, "hot", 10000)
 	if n := c.commands.n.Load() - before; n > 5 {
 		t.Errorf("10,000 callers cost %d commands, want <= 5", n)
 	}
-	if calls.Load() != 1 {
-		t.Errorf("fetch ran %d times", calls.Load())
+	if calls != 1 {
+		t.Errorf("fetch ran %d times", calls)
 	}
 }
 
