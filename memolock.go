@@ -80,7 +80,8 @@ const DefaultLockTTL = 10 * time.Second
 // A Client computes values of one tag once across processes. It is safe for
 // concurrent use. Once it first waits for a value, a Client holds one pub/sub
 // connection, made from the redis client's options, and one goroutine that
-// reads it, until Close.
+// reads it; once lookups first overlap, it keeps a few goroutines (one per
+// CPU, 2 to 8) that send overlapping lookups as pipelines. Close stops them.
 type Client struct {
 	rdb      redis.UniversalClient
 	keys     KeyScheme
