@@ -11,22 +11,22 @@ import (
 )
 
 // A batcher runs acquire scripts. A call with no other in flight goes
-// straight to Redis on the caller's goroutine. Under load, calls queue and a
-// few batcher goroutines send whatever has queued as one pipeline, so that
+// straight to Redis on the caller's goroutine. Under load, calls queue, and
+// a few batcher goroutines send whatever has queued as one pipeline, so that
 // Redis and the client pay one write and one read for many lookups instead
-// of one each; nothing waits for a batch to fill. This is the hit path, so
-// it matters: see BenchmarkHit.
+// of one each; nothing waits for a batch to fill. A batcher goroutine exits
+// when the queue is empty, so an idle batcher holds none. This is the hit
+// path, so it matters: see BenchmarkHit.
 type batcher struct {
 	rdb      redis.UniversalClient
 	stats    *counters
+	wg       *sync.WaitGroup // the client's: Close waits for the loops
 	inflight atomic.Int32
-	queue    chan *acquireCall
+	maxLoops int
 
-	mu      sync.Mutex // guards started and stopped
-	started bool
-	stopped bool
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	mu    sync.Mutex
+	queue []*acquireCall
+	loops int // batcher goroutines running
 }
 
 type acquireCall struct {
@@ -41,64 +41,54 @@ type acquireCall struct {
 // the next batch for long.
 const maxBatch = 128
 
-func newBatcher(rdb redis.UniversalClient, stats *counters) *batcher {
-	return &batcher{rdb: rdb, stats: stats, queue: make(chan *acquireCall, 4*maxBatch), stop: make(chan struct{})}
+func newBatcher(rdb redis.UniversalClient, stats *counters, wg *sync.WaitGroup) *batcher {
+	return &batcher{rdb: rdb, stats: stats, wg: wg, maxLoops: min(max(runtime.GOMAXPROCS(0), 2), 8)}
 }
 
-// run runs acquireScript with keys and args and returns its reply.
+// run runs acquireScript with keys and args and returns its reply. It does
+// not return before the reply is read: the reply may say that a lock was
+// just taken. Callers that may leave early call it on a goroutine of their
+// own.
 func (b *batcher) run(ctx context.Context, keys []string, args ...any) (any, error) {
 	defer b.inflight.Add(-1)
-	if b.inflight.Add(1) == 1 || !b.startOnce() {
+	if b.inflight.Add(1) == 1 {
 		return acquireScript.Run(ctx, b.rdb, keys, args...).Result()
 	}
 	call := &acquireCall{keys: keys, args: args, done: make(chan struct{})}
-	b.queue <- call
-	// No select on ctx: the call is on its way, and its reply (perhaps a lock
-	// just taken) must be read. go-redis would not abort a sent command on
-	// cancellation either.
+	b.mu.Lock()
+	b.queue = append(b.queue, call)
+	start := b.loops < b.maxLoops
+	if start {
+		b.loops++
+		b.wg.Add(1) // the caller is a flight, which holds the wait group above zero
+	}
+	b.mu.Unlock()
+	if start {
+		go b.loop()
+	}
 	<-call.done
 	return call.res, call.err
 }
 
-// startOnce starts the batcher goroutines on first use; it reports false
-// once the batcher is stopped.
-func (b *batcher) startOnce() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.stopped {
-		return false
-	}
-	if !b.started {
-		b.started = true
-		n := min(max(runtime.GOMAXPROCS(0), 2), 8)
-		b.wg.Add(n)
-		for range n {
-			go b.loop()
-		}
-	}
-	return true
-}
-
+// loop sends batches until the queue is empty.
 func (b *batcher) loop() {
 	defer b.wg.Done()
-	batch := make([]*acquireCall, 0, maxBatch)
 	for {
-		batch = batch[:0]
-		select {
-		case call := <-b.queue:
-			batch = append(batch, call)
-		case <-b.stop:
+		b.mu.Lock()
+		n := min(len(b.queue), maxBatch)
+		if n == 0 {
+			b.loops--
+			b.mu.Unlock()
 			return
 		}
-	more:
-		for len(batch) < maxBatch {
-			select {
-			case call := <-b.queue:
-				batch = append(batch, call)
-			default:
-				break more
-			}
+		batch := make([]*acquireCall, n)
+		copy(batch, b.queue)
+		clear(b.queue[:n])
+		b.queue = b.queue[n:]
+		if len(b.queue) == 0 {
+			b.queue = nil
 		}
+		b.mu.Unlock()
 		b.send(batch)
 	}
 }
@@ -126,17 +116,5 @@ func (b *batcher) send(batch []*acquireCall) {
 			call.res, call.err = acquireScript.Run(ctx, b.rdb, call.keys, call.args...).Result()
 		}
 		close(call.done)
-	}
-}
-
-// close stops the batcher goroutines. No call may be in flight.
-func (b *batcher) close() {
-	b.mu.Lock()
-	b.stopped = true
-	started := b.started
-	b.mu.Unlock()
-	if started {
-		close(b.stop)
-		b.wg.Wait()
 	}
 }

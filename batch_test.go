@@ -69,7 +69,7 @@ func TestBatch_LoadsScriptsAfterScriptFlush(t *testing.T) {
 	raw := rawClient(t, b.addr)
 	raw.Set(bg(), "flush:hit", "stored", time.Minute)
 	raw.ScriptFlush(bg())
-	bt := newBatcher(raw, &counters{})
+	bt := newBatcher(raw, &counters{}, &sync.WaitGroup{})
 	calls := []*acquireCall{
 		{keys: []string{"flush:hit", "flush/lock:hit"}, args: []any{"t1", 1000}, done: make(chan struct{})},
 		{keys: []string{"flush:miss", "flush/lock:miss"}, args: []any{"t2", 1000}, done: make(chan struct{})},

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // A Lease is the right to compute one value: the lock key holding our token.
@@ -18,10 +20,11 @@ import (
 // Methods on a nil *Lease, which fetch receives when Options.FailOpen ran it
 // without a lock, report ErrLeaseLost.
 type Lease struct {
-	c     *Client
-	id    string
-	key   string
-	token string
+	rdb    redis.Scripter
+	id     string // as sent to Redis
+	lock   string // the lock key
+	events string // the events channel, told when the lease is found lost
+	token  string
 }
 
 // ID returns the id the lease is for, as sent to Redis.
@@ -41,13 +44,13 @@ func (l *Lease) Token() string {
 	return l.token
 }
 
-// Held reports whether the lock still holds the lease's token.
+// Held reports whether the lock still holds the lease's token. A lease
+// found lost is reported to waiters, so that they look again at once.
 func (l *Lease) Held(ctx context.Context) (bool, error) {
-	err := l.renew(ctx, 0)
-	if err == ErrLeaseLost {
+	if l == nil {
 		return false, nil
 	}
-	return err == nil, err
+	return renew(ctx, l.rdb, l.lock, l.events, l.token, 0)
 }
 
 // Extend makes the lock live at least ttl from now. It never shortens the
@@ -56,21 +59,14 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if ttl < time.Millisecond {
 		return fmt.Errorf("%w: lease extension %v is under 1ms", ErrInvalid, ttl)
 	}
-	return l.renew(ctx, ttl)
-}
-
-func (l *Lease) renew(ctx context.Context, ttl time.Duration) error {
 	if l == nil {
 		return ErrLeaseLost
 	}
-	n, err := renewScript.Run(ctx, l.c.rdb, []string{l.key}, l.token, ttl.Milliseconds()).Int()
-	if err != nil {
-		return fmt.Errorf("%w: renewing lock %s: %w", ErrRedis, quote(l.key), err)
+	held, err := renew(ctx, l.rdb, l.lock, l.events, l.token, ttl)
+	if err == nil && !held {
+		err = ErrLeaseLost
 	}
-	if n == 0 {
-		return ErrLeaseLost
-	}
-	return nil
+	return err
 }
 
 // holderSuffix is appended to every token: "@host:pid", with the host
@@ -89,7 +85,7 @@ var holderSuffix = func() string {
 	return "@" + host + ":" + strconv.Itoa(os.Getpid())
 }()
 
-// newToken returns a token unique to one lock acquisition.
+// newToken returns a token unique to one flight.
 func newToken() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms

@@ -15,6 +15,7 @@ type counters struct {
 	storeErrors atomic.Int64
 	failOpen    atomic.Int64
 	batched     atomic.Int64
+	outages     atomic.Int64
 
 	subscribes   atomic.Int64
 	unsubscribes atomic.Int64
@@ -38,11 +39,12 @@ type Stats struct {
 	StoreErrors int64 // fetched values not stored because Redis failed
 	FailOpen    int64 // fetches run without a lock because Redis failed (Options.FailOpen)
 	Batched     int64 // lookups sent in one pipeline with others, under load
+	Outages     int64 // times Redis was found unreachable; each ends when a probe PING is answered
 
 	Subscribes   int64 // SUBSCRIBE commands sent
 	Unsubscribes int64 // UNSUBSCRIBE commands sent
-	Pings        int64 // marker PINGs sent on the pub/sub connection
-	Reconnects   int64 // pub/sub connection errors survived
+	Pings        int64 // marker and probe PINGs sent on the pub/sub connection
+	Reconnects   int64 // pub/sub connections replaced after an error
 }
 
 func (s *counters) snapshot() Stats {
@@ -58,6 +60,7 @@ func (s *counters) snapshot() Stats {
 		StoreErrors:  s.storeErrors.Load(),
 		FailOpen:     s.failOpen.Load(),
 		Batched:      s.batched.Load(),
+		Outages:      s.outages.Load(),
 		Subscribes:   s.subscribes.Load(),
 		Unsubscribes: s.unsubscribes.Load(),
 		Pings:        s.pings.Load(),

@@ -12,61 +12,80 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// A subscriber owns one go-redis PubSub connection and fans its messages out
-// to watches. One goroutine, loop, started by the first watch, reads the
-// connection; everything else talks to it through mu, which guards the
-// fields below it.
+// A subscriber fans the messages of one pub/sub connection out to watches.
+//
+// One goroutine, run, owns the connection: it alone makes the calls that
+// write to it (SUBSCRIBE, UNSUBSCRIBE, PING) and it alone replaces it. A
+// second goroutine, read, only receives, and hands each message to the
+// watches of its channel. Both take mu to read or change the state below it,
+// and neither holds mu across a network call. Watches ask for changes by
+// editing that state and waking run, which sends whatever has accumulated as
+// one SUBSCRIBE, one PING and one UNSUBSCRIBE.
 //
 // Redis acknowledges SUBSCRIBE asynchronously, and pub/sub is at-most-once:
-// anything published before the server has processed our SUBSCRIBE is lost.
-// A watch therefore counts as subscribed only when a PING sent after its
+// whatever is published before the server has processed our SUBSCRIBE is
+// lost. A watch therefore counts as live only once a PING sent after its
 // SUBSCRIBE has come back (replies on one connection are ordered), and it is
-// told to re-read its key then. After any connection error go-redis dials
-// again and re-sends SUBSCRIBE for every channel; the loop then sends a fresh
-// PING, and every watch re-reads when its PONG arrives, because whatever was
-// published during the gap is gone.
+// told then to re-read its key.
 //
-// A connection that dies without a reset raises no error. When the
-// connection has been silent for health, loop sends a probe PING; if nothing
-// arrives for health again, it replaces the PubSub and resyncs likewise.
+// go-redis reconnects and resubscribes inside any PubSub call that meets a
+// broken connection, Subscribe and Ping as well as Receive; a reader then
+// goes on reading the new connection with no error in sight, and what was
+// published in the gap is gone. So every error from every call, and every
+// subscription acknowledgement we did not ask for, means "connection
+// replaced": run closes that PubSub, opens a new one, subscribes every
+// channel again, and every watch re-reads once the next PING comes back.
 //
-// Marker PINGs are used instead of counting subscribe acknowledgements
-// because acknowledgements of an earlier SUBSCRIBE of the same channel (before
-// an UNSUBSCRIBE) are indistinguishable from the current one, and because
-// go-redis may or may not have re-sent a channel whose SUBSCRIBE failed.
+// A connection that dies without a reset raises no error. After health of
+// silence run sends a probe PING, and if nothing arrives for health again,
+// read gives the connection up.
 type subscriber struct {
 	rdb    redis.UniversalClient
-	health time.Duration // idle time after which loop probes the connection
-	done   chan struct{} // closed when loop has returned
+	stats  *counters
+	health time.Duration
+
+	ctx    context.Context // bounds run's calls; cancelled by close
+	cancel context.CancelFunc
+	kick   chan struct{} // capacity 1: run has work
 	stop   chan struct{} // closed by close
+	done   chan struct{} // closed when run has returned
+	reads  sync.WaitGroup
 
 	mu       sync.Mutex
-	ps       *redis.PubSub // replaced by loop when it finds it dead
-	started  bool          // loop runs; it starts with the first watch
+	started  bool
 	closed   bool
-	channels map[string]map[*watch]struct{} // subscribed channels and their watches
-	watches  map[*watch]struct{}
-	nextSeq  uint64 // sequence number of the next marker PING
-	pongSeq  uint64 // highest marker PONG received on the current connection
-	resync   bool   // a connection error happened; a marker PING is due
-
-	stats *counters
+	all      map[*watch]struct{}
+	watches  map[string]map[*watch]struct{} // channel: its watches; what must be subscribed
+	dirty    map[string]struct{}            // channels whose watches changed since run last looked
+	sent     map[string]struct{}            // channels subscribed on the current connection
+	unmarked []*watch                       // watches that need a marker PING
+	marked   []*watch                       // watches whose marker is out, in marker order
+	acks     []ack                          // acknowledgements due on the current connection, in order
+	gen      uint64                         // the current connection; every replacement adds one
+	broken   bool                           // the current connection failed: replace it
+	probe    bool                           // a probe PING is due
+	heard    bool                           // something arrived since run last looked
+	nextSeq  uint64                         // sequence number of the next marker
+	pongSeq  uint64                         // highest marker back on the current connection
 }
 
 // A watch is one waiter's interest in a few channels. Events accumulate in
 // its mailbox and signal is poked without blocking, so a slow waiter never
 // stalls the subscriber and never loses a message.
 type watch struct {
-	s        *subscriber
 	channels []string
 	signal   chan struct{} // capacity 1
+	// onValue, if set, is called by read with each message on channels[0],
+	// outside mu: the fast path by which a value reaches callers.
+	onValue func(payload string)
 
-	// Guarded by s.mu.
-	needSeq  uint64 // marker that must come back before the watch is live
-	live     bool   // subscribed, as far as the server is concerned
-	reread   bool   // the watch became live: re-read the key
+	// Guarded by subscriber.mu.
+	seq      uint64 // the marker that makes the watch live; 0 until sent
+	live     bool
+	reread   bool
 	messages []*redis.Message
 	closed   bool // the subscriber was closed
+	gone     bool // unwatched
 }
 
 // events is what a watch has collected since the last call to take.
@@ -76,36 +95,50 @@ type events struct {
 	closed   bool
 }
 
+// ack is a subscription acknowledgement the connection owes us.
+type ack struct{ kind, channel string }
+
 const markerPrefix = "memolock:"
 
-// defaultHealth is how long the pub/sub connection may stay silent before
-// loop sends a probe PING; with no answer for as long again, loop replaces the
-// connection. It catches connections that died without a reset.
-const defaultHealth = 3 * time.Second
+const (
+	// defaultHealth is how long the connection may stay silent before run
+	// sends a probe PING; with no answer for as long again, the connection
+	// is replaced. It catches connections that died without a reset.
+	defaultHealth = 3 * time.Second
+	// pubsubTimeout bounds each call run makes: a dial, or a write.
+	pubsubTimeout = 2 * time.Second
+	// maxBackoff bounds the pause between two replacements that fail.
+	maxBackoff = time.Second
+)
 
 func newSubscriber(rdb redis.UniversalClient, stats *counters) *subscriber {
-	s := &subscriber{
-		rdb:      rdb,
-		health:   defaultHealth,
-		ps:       rdb.Subscribe(context.Background()),
-		done:     make(chan struct{}),
-		stop:     make(chan struct{}),
-		channels: make(map[string]map[*watch]struct{}),
-		watches:  make(map[*watch]struct{}),
-		nextSeq:  1,
-		stats:    stats,
+	ctx, cancel := context.WithCancel(context.Background())
+	return &subscriber{
+		rdb:     rdb,
+		stats:   stats,
+		health:  defaultHealth,
+		ctx:     ctx,
+		cancel:  cancel,
+		kick:    make(chan struct{}, 1),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+		all:     make(map[*watch]struct{}),
+		watches: make(map[string]map[*watch]struct{}),
+		dirty:   make(map[string]struct{}),
+		sent:    make(map[string]struct{}),
+		nextSeq: 1,
 	}
-	return s
 }
 
-// watch subscribes to channels (those not yet subscribed) and returns a watch
-// that is signalled once the subscription is live and on every message.
-func (s *subscriber) watch(channels ...string) *watch {
-	w := &watch{s: s, channels: channels, signal: make(chan struct{}, 1)}
+// watch subscribes to channels and returns a watch that is told to re-read
+// once the subscription is live, and gets every message on them. onValue
+// may be nil.
+func (s *subscriber) watch(onValue func(string), channels ...string) *watch {
+	w := &watch{channels: channels, signal: make(chan struct{}, 1), onValue: onValue}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
 		w.closed = true
+		s.mu.Unlock()
 		w.poke()
 		return w
 	}
@@ -113,72 +146,49 @@ func (s *subscriber) watch(channels ...string) *watch {
 		// Connect only when somebody waits: a client that only hits holds
 		// no pub/sub connection.
 		s.started = true
-		go s.loop()
+		go s.run()
 	}
-	s.watches[w] = struct{}{}
-	var fresh []string
+	s.all[w] = struct{}{}
 	for _, ch := range channels {
-		ws := s.channels[ch]
+		ws := s.watches[ch]
 		if ws == nil {
 			ws = make(map[*watch]struct{})
-			s.channels[ch] = ws
-			fresh = append(fresh, ch)
+			s.watches[ch] = ws
+			s.dirty[ch] = struct{}{}
 		}
 		ws[w] = struct{}{}
 	}
-	// Commands are written while holding mu so that SUBSCRIBE, UNSUBSCRIBE
-	// and marker PINGs reach the server in the order of our state changes.
-	if len(fresh) > 0 {
-		s.stats.subscribes.Add(1)
-		if err := s.ps.Subscribe(context.Background(), fresh...); err != nil {
-			// go-redis remembers the channels even when the write failed,
-			// but a reconnect that happened inside that call did not
-			// include them yet. A second call either writes them on the
-			// new connection or dials one that re-sends them all.
-			_ = s.ps.Subscribe(context.Background(), fresh...)
-		}
-	}
-	w.needSeq = s.markLocked()
+	s.unmarked = append(s.unmarked, w)
+	s.mu.Unlock()
+	s.wake()
 	return w
 }
 
-// markLocked sends a marker PING and returns its sequence number. If the
-// write fails the connection is broken, loop sees an error and resyncs.
-func (s *subscriber) markLocked() uint64 {
-	seq := s.nextSeq
-	s.nextSeq++
-	s.stats.pings.Add(1)
-	_ = s.ps.Ping(context.Background(), markerPrefix+strconv.FormatUint(seq, 10))
-	return seq
-}
-
-// unwatch drops w and unsubscribes the channels nobody else watches.
+// unwatch drops w; channels nobody watches any more are unsubscribed.
 func (s *subscriber) unwatch(w *watch) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.watches[w]; !ok {
+	if w.gone || w.closed {
+		s.mu.Unlock()
 		return
 	}
-	delete(s.watches, w)
-	var idle []string
+	w.gone = true
+	delete(s.all, w)
 	for _, ch := range w.channels {
-		ws := s.channels[ch]
+		ws := s.watches[ch]
 		delete(ws, w)
 		if len(ws) == 0 {
-			delete(s.channels, ch)
-			idle = append(idle, ch)
+			delete(s.watches, ch)
+			s.dirty[ch] = struct{}{}
 		}
 	}
-	if len(idle) > 0 && !s.closed {
-		s.stats.unsubscribes.Add(1)
-		_ = s.ps.Unsubscribe(context.Background(), idle...)
-	}
+	s.mu.Unlock()
+	s.wake()
 }
 
 // take returns and clears the events collected for w.
-func (w *watch) take() events {
-	w.s.mu.Lock()
-	defer w.s.mu.Unlock()
+func (s *subscriber) take(w *watch) events {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	ev := events{reread: w.reread, messages: w.messages, closed: w.closed}
 	w.reread, w.messages = false, nil
 	return ev
@@ -191,89 +201,181 @@ func (w *watch) poke() {
 	}
 }
 
-// loop reads the connection until close. Only loop receives, and only loop
-// replaces s.ps, so it may read s.ps without mu.
-func (s *subscriber) loop() {
+func (s *subscriber) wake() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// plan is what run sends next.
+type plan struct {
+	gen     uint64
+	replace bool     // the connection failed: close it first
+	heard   bool     // the connection delivered something: it works
+	sub     []string // SUBSCRIBE these
+	marker  uint64   // then PING this marker (0: none)
+	unsub   []string // then UNSUBSCRIBE these
+	probe   bool     // then PING to probe
+}
+
+func (p *plan) empty() bool {
+	return len(p.sub) == 0 && p.marker == 0 && len(p.unsub) == 0 && !p.probe
+}
+
+// run owns the connection: it sends what watches need, and replaces the
+// connection when it fails.
+func (s *subscriber) run() {
 	defer close(s.done)
-	backoff := time.Duration(0)
-	probing := false // a probe PING is out and nothing has arrived since
-	for {
-		if s.resyncIfDue() != nil {
-			if !s.sleep(&backoff) {
-				return
-			}
-			continue
+	var (
+		ps      *redis.PubSub
+		reading bool // read runs on ps
+		backoff time.Duration
+	)
+	defer func() {
+		if ps != nil {
+			_ = ps.Close()
 		}
-		msg, err := s.ps.ReceiveTimeout(context.Background(), s.health)
-		var nerr net.Error
-		switch {
-		case err == nil:
-			backoff, probing = 0, false
-			s.dispatch(msg)
-		case errors.As(err, &nerr) && nerr.Timeout() && !probing:
-			// Silent for a while: ask. go-redis keeps the connection
-			// after a ReceiveTimeout timeout.
-			probing = true
-			s.probe()
-		case s.isClosed():
+	}()
+	for {
+		select {
+		case <-s.kick:
+		case <-s.stop:
 			return
-		default:
-			if nerr != nil && nerr.Timeout() {
-				// No answer to the probe either: the connection died
-				// without a reset. Start again on a new one.
-				s.replace()
+		}
+		for {
+			p := s.plan()
+			if p.heard {
+				backoff = 0
 			}
-			probing = false
-			s.lost()
-			if !s.sleep(&backoff) {
-				return
+			if p.replace {
+				if ps != nil {
+					_ = ps.Close() // ends its read
+					ps, reading = nil, false
+				}
+				s.stats.reconnects.Add(1)
+				if !s.pause(&backoff) {
+					return
+				}
+			}
+			if p.empty() {
+				break
+			}
+			if ps == nil {
+				ps = s.rdb.Subscribe(s.ctx) // no channels: no I/O yet
+			}
+			if err := s.send(ps, p); err != nil {
+				s.fail(p.gen)
+				continue
+			}
+			if !reading {
+				reading = true
+				s.reads.Add(1)
+				go s.read(ps, p.gen)
 			}
 		}
 	}
 }
 
-// probe sends a PING that nothing waits for; any reply proves the
-// connection alive.
-func (s *subscriber) probe() {
+// plan decides, under mu, what run sends next, and records it as sent.
+func (s *subscriber) plan() plan {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.stats.pings.Add(1)
-	_ = s.ps.Ping(context.Background(), markerPrefix+"probe")
-}
-
-// replace swaps a dead PubSub for a new one subscribed to every channel.
-func (s *subscriber) replace() {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return
-	}
-	old := s.ps
-	s.ps = s.rdb.Subscribe(context.Background())
-	if len(s.channels) > 0 {
-		chans := make([]string, 0, len(s.channels))
-		for ch := range s.channels {
-			chans = append(chans, ch)
+	var p plan
+	if s.broken {
+		// Start again on a new connection: every channel is subscribed
+		// again and every watch waits for a new marker.
+		s.broken, s.probe = false, false
+		s.gen++
+		p.replace = true
+		clear(s.sent)
+		s.acks, s.marked, s.unmarked, s.pongSeq = nil, nil, s.unmarked[:0], 0
+		for ch := range s.watches {
+			s.dirty[ch] = struct{}{}
 		}
-		s.stats.subscribes.Add(1)
-		// If this write fails, the channels are remembered and the next
-		// Receive dials and re-sends them.
-		_ = s.ps.Subscribe(context.Background(), chans...)
+		for w := range s.all {
+			w.live, w.seq = false, 0
+			s.unmarked = append(s.unmarked, w)
+		}
 	}
-	s.mu.Unlock()
-	_ = old.Close()
+	p.gen, p.heard, s.heard = s.gen, s.heard, false
+	for ch := range s.dirty {
+		_, want := s.watches[ch]
+		_, have := s.sent[ch]
+		switch {
+		case want && !have:
+			p.sub = append(p.sub, ch)
+			s.sent[ch] = struct{}{}
+		case !want && have:
+			p.unsub = append(p.unsub, ch)
+			delete(s.sent, ch)
+		}
+	}
+	clear(s.dirty)
+	for _, ch := range p.sub {
+		s.acks = append(s.acks, ack{"subscribe", ch})
+	}
+	for _, ch := range p.unsub {
+		s.acks = append(s.acks, ack{"unsubscribe", ch})
+	}
+	for _, w := range s.unmarked {
+		if w.gone {
+			continue
+		}
+		if p.marker == 0 {
+			p.marker = s.nextSeq
+			s.nextSeq++
+		}
+		w.seq = p.marker
+		s.marked = append(s.marked, w)
+	}
+	clear(s.unmarked)
+	s.unmarked = s.unmarked[:0]
+	p.probe, s.probe = s.probe, false
+	return p
 }
 
-// sleep waits before the next attempt after an error: go-redis dials again on
-// every Receive with no backoff of its own. It returns false on close.
-func (s *subscriber) sleep(backoff *time.Duration) bool {
-	switch {
-	case *backoff == 0:
-		*backoff = 5 * time.Millisecond
-	case *backoff < 500*time.Millisecond:
-		*backoff *= 2
+// send writes p on ps, each call bounded in time. Any error means the
+// connection is no longer the one our state describes.
+func (s *subscriber) send(ps *redis.PubSub, p plan) error {
+	ctx, cancel := context.WithTimeout(s.ctx, pubsubTimeout)
+	defer cancel()
+	if len(p.sub) > 0 {
+		s.stats.subscribes.Add(1)
+		if err := ps.Subscribe(ctx, p.sub...); err != nil {
+			return err
+		}
 	}
-	t := time.NewTimer(*backoff)
+	if p.marker != 0 {
+		s.stats.pings.Add(1)
+		if err := ps.Ping(ctx, markerPrefix+strconv.FormatUint(p.marker, 10)); err != nil {
+			return err
+		}
+	}
+	if len(p.unsub) > 0 {
+		s.stats.unsubscribes.Add(1)
+		if err := ps.Unsubscribe(ctx, p.unsub...); err != nil {
+			return err
+		}
+	}
+	if p.probe {
+		s.stats.pings.Add(1)
+		if err := ps.Ping(ctx, markerPrefix+"probe"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pause waits before a replacement after one that failed; the first waits
+// not at all. It returns false on close.
+func (s *subscriber) pause(backoff *time.Duration) bool {
+	d := *backoff
+	*backoff = min(max(2*d, 5*time.Millisecond), maxBackoff)
+	if d == 0 {
+		return true
+	}
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
@@ -283,97 +385,143 @@ func (s *subscriber) sleep(backoff *time.Duration) bool {
 	}
 }
 
-// lost records a connection error: no watch is live until a marker sent on
-// the new connection comes back.
-func (s *subscriber) lost() {
+// fail marks connection gen as broken, if it is still the current one.
+func (s *subscriber) fail(gen uint64) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.stats.reconnects.Add(1)
-	s.resync = true
-	s.pongSeq = 0
-	for w := range s.watches {
-		w.live = false
-		w.needSeq = ^uint64(0)
+	if gen == s.gen {
+		s.broken = true
 	}
+	s.mu.Unlock()
+	s.wake()
 }
 
-// resyncIfDue sends the marker PING that follows a reconnect. go-redis has
-// re-sent SUBSCRIBE for every channel before it writes the PING.
-func (s *subscriber) resyncIfDue() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.resync || s.closed {
-		return nil
-	}
-	seq := s.nextSeq
-	s.nextSeq++
-	s.stats.pings.Add(1)
-	if err := s.ps.Ping(context.Background(), markerPrefix+strconv.FormatUint(seq, 10)); err != nil {
-		return err
-	}
-	s.resync = false
-	for w := range s.watches {
-		if !w.live {
-			w.needSeq = seq
+// read receives from ps, connection gen, until it fails or is replaced.
+func (s *subscriber) read(ps *redis.PubSub, gen uint64) {
+	defer s.reads.Done()
+	probing := false // a probe is out and nothing has arrived since
+	for {
+		msg, err := ps.ReceiveTimeout(context.Background(), s.health)
+		if err != nil {
+			var nerr net.Error
+			if errors.As(err, &nerr) && nerr.Timeout() && !probing {
+				// Silent for a while: ask. go-redis keeps the connection
+				// after a ReceiveTimeout timeout.
+				probing = true
+				s.mu.Lock()
+				s.probe = s.probe || gen == s.gen
+				s.mu.Unlock()
+				s.wake()
+				continue
+			}
+			s.fail(gen)
+			return
+		}
+		probing = false
+		if !s.deliver(gen, msg) {
+			s.fail(gen)
+			return
 		}
 	}
-	return nil
 }
 
-func (s *subscriber) dispatch(msg any) {
+// deliver hands msg, read on connection gen, to the watches. It returns
+// false if gen is no longer current, or if msg shows that the connection
+// was replaced behind our back.
+func (s *subscriber) deliver(gen uint64, msg any) bool {
+	var (
+		buf     [4]func(string)
+		onValue = buf[:0]
+		payload string
+	)
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	if gen != s.gen || s.closed {
+		s.mu.Unlock()
+		return false
+	}
+	s.heard = true
 	switch m := msg.(type) {
 	case *redis.Message:
-		for w := range s.channels[m.Channel] {
+		payload = m.Payload
+		for w := range s.watches[m.Channel] {
 			w.messages = append(w.messages, m)
 			w.poke()
+			if w.onValue != nil && m.Channel == w.channels[0] {
+				onValue = append(onValue, w.onValue)
+			}
 		}
 	case *redis.Pong:
 		p, ok := strings.CutPrefix(m.Payload, markerPrefix)
-		if !ok {
-			return
-		}
 		seq, err := strconv.ParseUint(p, 10, 64)
-		if err != nil || seq <= s.pongSeq {
-			return
+		if !ok || err != nil || seq <= s.pongSeq {
+			break // a probe, or not ours
 		}
 		s.pongSeq = seq
-		for w := range s.watches {
-			if !w.live && w.needSeq <= seq {
-				w.live = true
-				w.reread = true
+		n := 0
+		for _, w := range s.marked {
+			if w.seq > seq {
+				break
+			}
+			n++
+			if !w.gone && !w.closed {
+				w.live, w.reread = true, true
 				w.poke()
 			}
 		}
+		s.marked = s.marked[n:]
+	case *redis.Subscription:
+		if len(s.acks) == 0 || s.acks[0] != (ack{m.Kind, m.Channel}) {
+			// go-redis subscribed again on a new connection of its own.
+			s.mu.Unlock()
+			return false
+		}
+		s.acks = s.acks[1:]
 	}
+	s.mu.Unlock()
+	for _, f := range onValue {
+		f(payload)
+	}
+	return true
 }
 
-func (s *subscriber) isClosed() bool {
+// liveWatches returns how many watches of ch are live (for tests).
+func (s *subscriber) liveWatches(ch string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.closed
+	n := 0
+	for w := range s.watches[ch] {
+		if w.live {
+			n++
+		}
+	}
+	return n
 }
 
-// close stops loop, closes the connection and wakes every watch.
-func (s *subscriber) close() {
+// close stops run and read, closes the connection and wakes every watch.
+// It waits for its goroutines up to d: a call stuck in go-redis ends by
+// go-redis's own timeouts.
+func (s *subscriber) close(d time.Duration) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		<-s.done
 		return
 	}
 	s.closed = true
-	for w := range s.watches {
+	for w := range s.all {
 		w.closed = true
 		w.poke()
 	}
-	started, ps := s.started, s.ps
+	started := s.started
 	s.mu.Unlock()
+	s.cancel()
 	close(s.stop)
-	_ = ps.Close()
 	if !started {
-		close(s.done)
+		return
 	}
-	<-s.done
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-s.done:
+		waitTimeout(&s.reads, d)
+	case <-t.C:
+	}
 }

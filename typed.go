@@ -3,6 +3,7 @@ package memolock
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -42,7 +43,8 @@ type TypedFetchFunc[T any] func(ctx context.Context, lease *Lease) (value T, ttl
 
 // Get is Client.Get for values of type T. Every caller, the holder's too,
 // decodes its own copy from the stored bytes, so callers share no memory.
-// An encoding error is a fetch error; a decoding error names the id.
+// An encoding error is a fetch error; a decoding error names the id. A panic
+// in the codec is an error too.
 func (t Typed[T]) Get(ctx context.Context, id string, fetch TypedFetchFunc[T]) (T, error) {
 	var zero T
 	if t.Client == nil {
@@ -66,12 +68,17 @@ func (t Typed[T]) Get(ctx context.Context, id string, fetch TypedFetchFunc[T]) (
 	if err != nil {
 		return zero, err
 	}
-	v, err := codec.Unmarshal(data)
+	var v T
+	if p := callUser(func() { v, err = codec.Unmarshal(data) }); p != nil {
+		err = fmt.Errorf("%w: %v", errCodecPanicked, p)
+	}
 	if err != nil {
 		return zero, fmt.Errorf("memolock: decoding value of id %s: %w", quote(id), err)
 	}
 	return v, nil
 }
+
+var errCodecPanicked = errors.New("codec panicked")
 
 func (t Typed[T]) codec() Codec[T] {
 	if t.Codec == nil {

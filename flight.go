@@ -1,0 +1,195 @@
+package memolock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// A flight is one process's pursuit of one value. Every caller of Get for
+// that id in this process shares it, as with x/sync/singleflight: N callers
+// cost what one costs.
+type flight struct {
+	id    string // as the caller gave it
+	key   string // as sent to Redis (hashed with Options.HashIDs)
+	token string // the lock token of every attempt this flight makes
+	fetch FetchFunc
+	start StartFunc // external-producer mode when set
+
+	ctx  context.Context    // set by launch: the first caller's values, no deadline
+	stop context.CancelFunc // cancels ctx
+	done chan struct{}      // closed by finish
+	val  []byte
+	err  error
+
+	// Guarded by group.mu.
+	refs  int
+	state flightState
+}
+
+// flightState is where a flight stands with its callers.
+type flightState uint8
+
+const (
+	// looking up the value or waiting for another holder: the flight ends
+	// when its last caller leaves.
+	looking flightState = iota
+	// holding the lock (computing, or waiting for an external producer), or
+	// computing without one under FailOpen: others, perhaps in other
+	// processes, wait for this flight, so it outlives its callers.
+	holding
+	// abandoned by every caller while looking: its ctx is cancelled.
+	abandoned
+	// finished: done is closed and val, err are set.
+	finished
+)
+
+// errAbandoned ends a flight that every caller left; nobody reads it.
+var errAbandoned = errors.New("memolock: flight abandoned")
+
+// A group holds the flights of one Client: the coalescing layer, which
+// knows nothing of Redis.
+type group struct {
+	mu        sync.Mutex
+	closed    bool
+	flights   map[string]*flight
+	gets      int64 // counted under mu, which every call takes anyway
+	coalesced int64
+}
+
+// join adds a caller to the flight for key, making one with mk if none is
+// running, which the caller then leads. It fails once the group is closed.
+// When it makes a flight it also adds one to wg, for the flight's work.
+func (g *group) join(key string, mk func() *flight, wg *sync.WaitGroup) (f *flight, leader bool, err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.gets++
+	if g.closed {
+		return nil, false, ErrClosed
+	}
+	if f := g.flights[key]; f != nil {
+		f.refs++
+		g.coalesced++
+		return f, false, nil
+	}
+	if g.flights == nil {
+		g.flights = make(map[string]*flight)
+	}
+	f = mk()
+	f.refs = 1
+	g.flights[key] = f
+	wg.Add(1) // under mu: Close waits on wg only after closing the group
+	return f, true, nil
+}
+
+// launch gives f the context its work runs under: ctx's values, without its
+// deadline or cancellation, since the work serves every caller (and waiters
+// in other processes).
+func (g *group) launch(f *flight, ctx context.Context) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	f.ctx, f.stop = context.WithCancel(context.WithoutCancel(ctx))
+	if g.closed || f.state == abandoned {
+		f.stop()
+	}
+}
+
+// await waits for f on behalf of one caller.
+func (g *group) await(ctx context.Context, f *flight) ([]byte, error) {
+	cancelled := ctx.Done()
+	if cancelled == nil {
+		<-f.done // a plain receive: many callers of a hot key contend less
+		return f.val, f.err
+	}
+	select {
+	case <-f.done:
+		return f.val, f.err
+	case <-cancelled:
+		g.leave(f)
+		return nil, fmt.Errorf("%w: %w", ErrTimeout, ctx.Err())
+	}
+}
+
+// leave drops one caller. A flight that is looking and has no caller left
+// is abandoned: new callers start a new one.
+func (g *group) leave(f *flight) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	f.refs--
+	if f.refs == 0 && f.state == looking {
+		f.state = abandoned
+		if g.flights[f.key] == f {
+			delete(g.flights, f.key)
+		}
+		if f.stop != nil {
+			f.stop()
+		}
+	}
+}
+
+// hold moves f to holding, and adds one to callbacks for the user function
+// the flight is about to run. It reports false if every caller left, or
+// Close began, before that.
+func (g *group) hold(f *flight, callbacks *sync.WaitGroup) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed || (f.state != looking && f.state != holding) {
+		return false
+	}
+	f.state = holding
+	callbacks.Add(1) // under mu: Close waits on callbacks only after closing the group
+	return true
+}
+
+// callers returns how many callers wait for f.
+func (g *group) callers(f *flight) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return f.refs
+}
+
+// finish hands the flight's result to its callers. Only the first call
+// counts (Close finishes flights early with ErrClosed); it reports whether
+// this one did.
+func (g *group) finish(f *flight, val []byte, err error) bool {
+	g.mu.Lock()
+	if f.state == finished {
+		g.mu.Unlock()
+		return false
+	}
+	f.state = finished
+	if g.flights[f.key] == f {
+		delete(g.flights, f.key)
+	}
+	g.mu.Unlock()
+	f.val, f.err = val, err
+	close(f.done)
+	return true
+}
+
+// close closes the group and returns the flights in it, with their work's
+// contexts cancelled. It reports false if the group was closed already.
+func (g *group) close() ([]*flight, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return nil, false
+	}
+	g.closed = true
+	flights := make([]*flight, 0, len(g.flights))
+	for _, f := range g.flights {
+		flights = append(flights, f)
+		if f.stop != nil {
+			f.stop()
+		}
+	}
+	return flights, true
+}
+
+// counts returns the calls and the coalesced calls so far.
+func (g *group) counts() (gets, coalesced int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.gets, g.coalesced
+}

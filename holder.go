@@ -1,0 +1,187 @@
+package memolock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"runtime"
+	"runtime/debug"
+	"time"
+)
+
+// hold runs fetch under the lock that f holds with its token. pttl is the
+// lock's remaining time when the lock was found already ours (a retried
+// lookup whose first reply was lost), or negative when just taken.
+func (c *Client) hold(f *flight, pttl time.Duration) ([]byte, error) {
+	if !c.flights.hold(f, &c.callbacks) {
+		// Every caller left, or Close began: somebody elsewhere may already
+		// wait on this lock, so hand it over.
+		c.release(f, abandonEvent(f.token))
+		return nil, c.ended()
+	}
+	return c.compute(f, c.lease(f), pttl)
+}
+
+func (c *Client) lease(f *flight) *Lease {
+	return &Lease{rdb: c.rdb, id: f.key, lock: c.keys.Lock(f.key), events: c.keys.Events(f.key), token: f.token}
+}
+
+type fetchResult struct {
+	val []byte
+	ttl time.Duration
+	err error
+}
+
+var errGoexit = errors.New("memolock: fetch called runtime.Goexit")
+
+// compute runs fetch on a goroutine of its own, so that a panic or Goexit in
+// fetch becomes an error, while a watchdog renews the lock. With a nil lease
+// (FailOpen) it only runs fetch. Its caller has added to c.callbacks.
+func (c *Client) compute(f *flight, lease *Lease, pttl time.Duration) ([]byte, error) {
+	c.stats.fetches.Add(1)
+	results := make(chan fetchResult, 1)
+	go func() {
+		res := fetchResult{err: errGoexit}
+		defer c.callbacks.Done()
+		defer func() { results <- res }()
+		if p := callUser(func() {
+			val, ttl, err := f.fetch(f.ctx, lease)
+			res = fetchResult{val: val, ttl: ttl, err: err}
+		}); p != nil {
+			res = fetchResult{err: fmt.Errorf("%w: %v\n%s", ErrFetchPanicked, p, debug.Stack())}
+		}
+	}()
+
+	if lease == nil {
+		res := <-results
+		if res.err != nil {
+			c.stats.fetchErrors.Add(1)
+		}
+		return res.val, res.err
+	}
+
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	first := c.lockTTL / 3
+	if pttl >= 0 {
+		first = min(first, pttl/2)
+	}
+	go c.watchdog(f, lease, first, stop, stopped)
+	res := <-results // Close cancels f.ctx, and waits for this too
+	close(stop)
+	<-stopped // a late renewal must not find the lock gone and report it lost
+
+	closing := c.closingNow()
+	if res.err == nil && res.ttl < 0 {
+		res.err = fmt.Errorf("%w: fetch returned negative TTL %v for id %s", ErrInvalid, res.ttl, quote(f.id))
+	}
+	switch {
+	case res.err != nil && closing:
+		// fetch most likely failed because Close cancelled it: let a
+		// waiter elsewhere take over rather than fail.
+		c.release(f, abandonEvent(f.token))
+		return nil, ErrClosed
+	case res.err != nil:
+		c.stats.fetchErrors.Add(1)
+		c.release(f, failEvent(f.token, res.err))
+		return nil, res.err
+	}
+	c.store(f, res.val, res.ttl, closing)
+	return res.val, nil
+}
+
+// watchdog renews the lease every LockTTL/3 until stop is closed, or the
+// lease is found lost (the renew script has told waiters so).
+func (c *Client) watchdog(f *flight, lease *Lease, first time.Duration, stop <-chan struct{}, stopped chan<- struct{}) {
+	defer close(stopped)
+	t := time.NewTimer(first)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-stop:
+			return
+		}
+		held, err := renew(f.ctx, lease.rdb, lease.lock, lease.events, lease.token, c.lockTTL)
+		if err == nil && !held {
+			return // the store script will refuse; nothing left to renew
+		}
+		t.Reset(c.lockTTL / 3)
+	}
+}
+
+// store writes the value if the lease still holds. Failures are counted,
+// not returned: the callers have their value either way.
+func (c *Client) store(f *flight, val []byte, ttl time.Duration, closing bool) {
+	ctx := context.WithoutCancel(f.ctx)
+	if closing {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, closeWait)
+		defer cancel()
+	}
+	stored, err := c.proto.store(ctx, f.key, f.token, val, ttl)
+	switch {
+	case err != nil:
+		c.stats.storeErrors.Add(1)
+		c.outage.report(err)
+	case !stored:
+		c.stats.leaseLost.Add(1)
+	}
+}
+
+// startExternal runs start under the flight's lock. The flight then holds
+// the lock: its callers leaving cancel neither start nor the wait.
+func (c *Client) startExternal(f *flight) error {
+	if !c.flights.hold(f, &c.callbacks) {
+		c.release(f, abandonEvent(f.token))
+		return c.ended()
+	}
+	c.stats.fetches.Add(1)
+	var err error
+	p := callUser(func() { err = f.start(f.ctx, c.lease(f)) })
+	c.callbacks.Done()
+	if p != nil {
+		err = fmt.Errorf("%w: %v\n%s", ErrFetchPanicked, p, debug.Stack())
+	}
+	if err != nil {
+		c.stats.fetchErrors.Add(1)
+		c.release(f, failEvent(f.token, err))
+	}
+	return err
+}
+
+// callUser calls fn, a function of the user's, and returns what it
+// panicked with, if it did. inCallback looks for its frame.
+//
+//go:noinline
+func callUser(fn func()) (panicked any) {
+	defer func() { panicked = recover() }()
+	fn()
+	return nil
+}
+
+var callUserName = runtime.FuncForPC(reflect.ValueOf(callUser).Pointer()).Name()
+
+// inCallback reports whether the calling goroutine runs inside callUser:
+// a fetch, start or OnWait function.
+func inCallback() bool {
+	pcs := make([]uintptr, 64)
+	for {
+		n := runtime.Callers(2, pcs)
+		if n < len(pcs) {
+			pcs = pcs[:n]
+			break
+		}
+		pcs = make([]uintptr, 2*len(pcs))
+	}
+	frames := runtime.CallersFrames(pcs)
+	for {
+		fr, more := frames.Next()
+		if fr.Function == callUserName {
+			return true
+		}
+		if !more {
+			return false
+		}
+	}
+}

@@ -1,0 +1,230 @@
+package memolock
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/memolock/memolock/internal/redistest"
+)
+
+// stalled reports whether the server at addr fails to answer a PING within
+// 50ms, as during DEBUG SLEEP.
+func stalled(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(50 * time.Millisecond))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return false
+	}
+	_, err = bufio.NewReader(c).ReadString('\n')
+	var nerr net.Error
+	return errors.As(err, &nerr) && nerr.Timeout()
+}
+
+// A caller's deadline holds whatever Redis does, with go-redis's default
+// options, which ignore context deadlines on reads: here Redis stalls for
+// 3s, and 64 callers with 200ms deadlines, most of whose lookups travel in
+// the batcher's pipelines, all return promptly.
+func TestGet_DeadlineHoldsWhileRedisStalls(t *testing.T) {
+	srv := redistest.Start(t, "--enable-debug-command", "yes")
+	c := newTestClient(t, srv.Addr, "stall", nil)
+	if _, err := c.Get(bg(), "warm", constFetch(new(atomic.Int64), "w", 0)); err != nil {
+		t.Fatal(err)
+	}
+	sleeper := rawClient(t, srv.Addr)
+	slept := make(chan error, 1)
+	go func() { slept <- sleeper.Do(bg(), "DEBUG", "SLEEP", "3").Err() }()
+	eventually(t, 5*time.Second, "the server to stall", func() bool { return stalled(srv.Addr) })
+
+	var wg sync.WaitGroup
+	var slow atomic.Int64
+	for i := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(bg(), 200*time.Millisecond)
+			defer cancel()
+			t0 := time.Now()
+			_, err := c.Get(ctx, fmt.Sprint("k", i%32), noFetch)
+			if d := time.Since(t0); d > time.Second {
+				slow.Add(1)
+				t.Errorf("caller %d returned after %v (deadline 200ms, stall 3s)", i, d)
+			}
+			if !errors.Is(err, ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("caller %d: %v, want ErrTimeout and DeadlineExceeded", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := <-slept; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// silentServer accepts connections and never answers.
+func silentServer(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		wg.Wait()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	return l.Addr().String()
+}
+
+// Against a server that accepts connections and never answers, a caller's
+// deadline holds, and so does Close.
+func TestGet_DeadlineAndCloseHoldAgainstASilentServer(t *testing.T) {
+	addr := silentServer(t)
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	c, err := New(rdb, "silent", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close() // ends the calls go-redis still has blocked, after Close
+	ctx, cancel := context.WithTimeout(bg(), 200*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	_, err = c.Get(ctx, "k", noFetch)
+	if d := time.Since(t0); d > time.Second || !errors.Is(err, ErrTimeout) {
+		t.Errorf("Get returned %v after %v; want ErrTimeout after 200ms", err, d)
+	}
+	t0 = time.Now()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(t0); d > 3*time.Second {
+		t.Errorf("Close took %v", d)
+	}
+}
+
+// While Redis is down, Get answers at once instead of every caller dialing,
+// and a probe notices promptly when Redis is back.
+func TestGet_RedisDownFailsFastAndRecovers(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newTestClient(t, srv.Addr, "down", nil)
+	if _, err := c.Get(bg(), "warm", constFetch(new(atomic.Int64), "w", 0)); err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+	var calls atomic.Int64
+	if _, err := c.Get(bg(), "k", constFetch(&calls, "v", 0)); !errors.Is(err, ErrRedis) {
+		t.Fatalf("first Get = %v, want ErrRedis", err)
+	}
+	for i := range 20 {
+		t0 := time.Now()
+		_, err := c.Get(bg(), fmt.Sprint("k", i), constFetch(&calls, "v", 0))
+		if d := time.Since(t0); d > 100*time.Millisecond {
+			t.Errorf("Get %d took %v while Redis was known to be down", i, d)
+		}
+		if !errors.Is(err, ErrRedis) || !strings.Contains(err.Error(), "connection refused") {
+			t.Errorf("Get %d = %v, want ErrRedis naming the cause", i, err)
+		}
+	}
+	if calls.Load() != 0 {
+		t.Errorf("fetch ran %d times without FailOpen", calls.Load())
+	}
+	srv.Restart(t)
+	t0 := time.Now()
+	eventually(t, 5*time.Second, "Get to work again", func() bool {
+		_, err := c.Get(bg(), "back", constFetch(&calls, "v", 0))
+		return err == nil
+	})
+	if d := time.Since(t0); d > 2*time.Second {
+		t.Errorf("recovery noticed after %v", d)
+	}
+	if s := c.Stats(); s.Outages != 1 {
+		t.Errorf("Outages = %d, want 1", s.Outages)
+	}
+}
+
+// FailOpen is for outages only: an error reply from Redis is an answer, and
+// is returned with the server's text.
+func TestGet_FailOpenReturnsErrorReplies(t *testing.T) {
+	b := miniBackend(t)
+	rawClient(t, b.addr).HSet(bg(), "fo:k", "f", "v")
+	c := newTestClient(t, b.addr, "fo", &Options{FailOpen: true})
+	var calls atomic.Int64
+	_, err := c.Get(bg(), "k", constFetch(&calls, "local", 0))
+	if !errors.Is(err, ErrRedis) || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Errorf("Get = %v, want ErrRedis with the server's WRONGTYPE", err)
+	}
+	if calls.Load() != 0 || c.Stats().FailOpen != 0 {
+		t.Errorf("fetch ran %d times on an error reply", calls.Load())
+	}
+}
+
+// Under FailOpen, fetch runs without a lock during an outage; callers that
+// leave must not cancel it, since others in the process share it.
+func TestGet_FailOpenFetchOutlivesItsCaller(t *testing.T) {
+	b := miniBackend(t)
+	addr := b.addr
+	b.mini.Close()
+	c := newTestClient(t, addr, "fo2", &Options{FailOpen: true})
+	started, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
+	var calls atomic.Int64
+	fetchCtx := make(chan error, 1)
+	fetch := func(ctx context.Context, _ *Lease) ([]byte, time.Duration, error) {
+		calls.Add(1)
+		close(started)
+		<-release
+		fetchCtx <- ctx.Err()
+		return []byte("local"), time.Minute, nil
+	}
+	ctx, cancel := context.WithCancel(bg())
+	left := make(chan error, 1)
+	go func() { _, err := c.Get(ctx, "k", fetch); left <- err }()
+	<-started
+	cancel()
+	if err := <-left; !errors.Is(err, ErrTimeout) {
+		t.Fatalf("leaving caller: %v", err)
+	}
+	joined := make(chan string, 1)
+	go func() { v, _ := c.Get(bg(), "k", fetch); joined <- string(v) }()
+	eventually(t, 5*time.Second, "a second caller to join", func() bool { return c.Stats().Coalesced == 1 })
+	releaseOnce.Do(func() { close(release) })
+	if err := <-fetchCtx; err != nil {
+		t.Errorf("fetch's context: %v, want it alive", err)
+	}
+	if v := <-joined; v != "local" || calls.Load() != 1 {
+		t.Errorf("joined caller got %q; fetch ran %d times", v, calls.Load())
+	}
+}

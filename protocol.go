@@ -1,0 +1,234 @@
+package memolock
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The whole protocol is the key scheme (keyscheme.go), these four scripts,
+// and the events below. interop/PROTOCOL.md quotes the scripts verbatim, and
+// a test keeps the two identical. Every script touches only the keys it
+// declares; channels travel as arguments, as PUBLISH channels are not keys.
+
+// acquireSrc returns the value, or takes the lock, or reports who holds it.
+// The reply's type tells which, so a hit, the hot path, returns the bare
+// value with no table to build.
+// KEYS: value, lock. ARGV: token, lock TTL in ms.
+// Reply: value (bulk string) | 1 (integer: locked by us) | {lock PTTL in ms, holder token}.
+const acquireSrc = `local v = redis.call('GET', KEYS[1])
+if v then return v end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return {redis.call('PTTL', KEYS[2]), redis.call('GET', KEYS[2])}
+`
+
+// storeSrc stores the value, deletes the lock and publishes the value, but
+// only while the lock still holds our token: a holder whose lease was lost
+// never overwrites what an invalidation or a newer holder decided. Then it
+// publishes an abandon event instead, so that waiters look again at once.
+// A retry of a store that already ran finds its own value in place and
+// answers 1 again.
+// KEYS: value, lock. ARGV: token, value, value TTL in ms (0: no expiry),
+// value channel, events channel.
+// Reply: 1 stored, 0 lease lost.
+const storeSrc = `if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+  if redis.call('GET', KEYS[1]) == ARGV[2] then return 1 end
+  redis.call('PUBLISH', ARGV[5], 'abandon\n' .. ARGV[1] .. '\n')
+  return 0
+end
+if ARGV[3] == '0' then
+  redis.call('SET', KEYS[1], ARGV[2])
+else
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+end
+redis.call('DEL', KEYS[2])
+redis.call('PUBLISH', ARGV[4], ARGV[2])
+return 1
+`
+
+// releaseSrc deletes the lock if it still holds our token and, if an event
+// is given, publishes it on the events channel so that waiters need not
+// wait for the lock to expire.
+// KEYS: lock. ARGV: token, events channel, event (an empty one publishes nothing).
+// Reply: 1 released, 0 not ours.
+const releaseSrc = `if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
+return 1
+`
+
+// renewSrc makes the lock live at least TTL ms more if it still holds our
+// token; it never shortens a lock. A TTL of 0 only checks. A lock found
+// lost is reported to waiters with an abandon event.
+// KEYS: lock. ARGV: token, TTL in ms, events channel.
+// Reply: 1 held, 0 lost.
+const renewSrc = `if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  redis.call('PUBLISH', ARGV[3], 'abandon\n' .. ARGV[1] .. '\n')
+  return 0
+end
+local left = redis.call('PTTL', KEYS[1])
+if left >= 0 and left < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 1
+`
+
+var (
+	acquireScript = redis.NewScript(acquireSrc)
+	storeScript   = redis.NewScript(storeSrc)
+	releaseScript = redis.NewScript(releaseSrc)
+	renewScript   = redis.NewScript(renewSrc)
+)
+
+// replyKind tells what acquire answered.
+type replyKind uint8
+
+const (
+	replyHit    replyKind = iota + 1 // the value is in Redis
+	replyLocked                      // we took the lock
+	replyBusy                        // somebody holds the lock
+)
+
+// reply is what the acquire script answered.
+type reply struct {
+	kind   replyKind
+	value  []byte        // when hit
+	pttl   time.Duration // when busy: the holder's remaining lock time; <0: no expiry
+	holder string        // when busy: the holder's token
+}
+
+// protocol makes the protocol's calls for one tag. Acquire goes through the
+// batcher; the others are rare enough to go straight to Redis.
+type protocol struct {
+	rdb   redis.Scripter
+	keys  KeyScheme
+	batch *batcher
+}
+
+// acquire runs the acquire script with token. A busy reply that names token
+// itself (a retry of an attempt whose reply was lost) is turned into
+// replyLocked, with the lock's remaining time in pttl.
+func (p *protocol) acquire(ctx context.Context, id, token string, lockTTL time.Duration) (reply, error) {
+	res, err := p.batch.run(ctx, []string{p.keys.Value(id), p.keys.Lock(id)}, token, lockTTL.Milliseconds())
+	if err != nil {
+		return reply{}, fmt.Errorf("%w: reading %s: %w", ErrRedis, quote(p.keys.Value(id)), err)
+	}
+	r, ok := decodeAcquire(res)
+	if !ok {
+		return reply{}, fmt.Errorf("%w: reading %s: unexpected script reply %v", ErrRedis, quote(p.keys.Value(id)), res)
+	}
+	if r.kind == replyBusy && r.holder == token {
+		r.kind = replyLocked
+	}
+	return r, nil
+}
+
+// decodeAcquire reads the acquire script's reply. Replies stay raw bytes: a
+// bulk "1" is a value, the integer 1 is the lock.
+func decodeAcquire(res any) (reply, bool) {
+	switch res := res.(type) {
+	case string:
+		return reply{kind: replyHit, value: []byte(res)}, true
+	case int64:
+		return reply{kind: replyLocked, pttl: -1}, res == 1
+	case []any:
+		if len(res) != 2 {
+			return reply{}, false
+		}
+		pttl, ok1 := res[0].(int64)
+		holder, ok2 := res[1].(string)
+		if !ok1 {
+			return reply{}, false
+		}
+		if !ok2 {
+			// The lock expired between PTTL and GET: look again at once.
+			pttl = 0
+		}
+		return reply{kind: replyBusy, pttl: time.Duration(pttl) * time.Millisecond, holder: holder}, true
+	}
+	return reply{}, false
+}
+
+// store runs the store script. It reports whether the value is stored; when
+// it is not, the lease was lost and the script told waiters so.
+func (p *protocol) store(ctx context.Context, id, token string, val []byte, ttl time.Duration) (bool, error) {
+	ms := "0"
+	if ttl > 0 {
+		ms = strconv.FormatInt(max(ttl.Milliseconds(), 1), 10)
+	}
+	n, err := storeScript.Run(ctx, p.rdb, []string{p.keys.Value(id), p.keys.Lock(id)},
+		token, val, ms, p.keys.Notif(id), p.keys.Events(id)).Int()
+	if err != nil {
+		return false, fmt.Errorf("%w: storing %s: %w", ErrRedis, quote(p.keys.Value(id)), err)
+	}
+	return n == 1, nil
+}
+
+// release deletes the lock if it still holds token, and publishes event.
+func (p *protocol) release(ctx context.Context, id, token, event string) error {
+	err := releaseScript.Run(ctx, p.rdb, []string{p.keys.Lock(id)}, token, p.keys.Events(id), event).Err()
+	if err != nil {
+		return fmt.Errorf("%w: releasing %s: %w", ErrRedis, quote(p.keys.Lock(id)), err)
+	}
+	return nil
+}
+
+// renew runs the renew script: rdb is all a Lease needs.
+func renew(ctx context.Context, rdb redis.Scripter, lock, events, token string, ttl time.Duration) (bool, error) {
+	n, err := renewScript.Run(ctx, rdb, []string{lock}, token, ttl.Milliseconds(), events).Int()
+	if err != nil {
+		return false, fmt.Errorf("%w: renewing lock %s: %w", ErrRedis, quote(lock), err)
+	}
+	return n == 1, nil
+}
+
+// Events published on KeyScheme.Events, one line of kind, one of token, then
+// free text: "fail\n<token>\n<message>" when the holder's fetch failed, and
+// "abandon\n<token>\n" when the holder gave up or lost the lock without a
+// value and a waiter should look again at once.
+const (
+	eventFail    = "fail"
+	eventAbandon = "abandon"
+)
+
+// maxEventText bounds the message of a fail event.
+const maxEventText = 4096
+
+func abandonEvent(token string) string { return eventAbandon + "\n" + token + "\n" }
+
+// failEvent reports err to waiters in other processes: its first line (a
+// panic's stack stays local), at most maxEventText bytes, cut at a UTF-8
+// boundary.
+func failEvent(token string, err error) string {
+	msg, _, _ := strings.Cut(err.Error(), "\n")
+	return eventFail + "\n" + token + "\n" + truncateUTF8(msg, maxEventText)
+}
+
+// parseEvent splits an event payload into kind, token and text.
+func parseEvent(p string) (kind, token, text string) {
+	kind, rest, _ := strings.Cut(p, "\n")
+	token, text, _ = strings.Cut(rest, "\n")
+	return kind, token, text
+}
+
+// truncateUTF8 cuts s to at most n bytes without splitting a character.
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// quote quotes a key or id for an error message, cut to a readable length.
+func quote(s string) string {
+	if len(s) > 80 {
+		return strconv.Quote(truncateUTF8(s, 80)) + "..."
+	}
+	return strconv.Quote(s)
+}

@@ -1,0 +1,202 @@
+package memolock
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// A wait is a flight's wait for a lock that somebody else holds or, in
+// external-producer mode, that the flight holds while another program
+// works. It owns the flight's subscription, its timer and what it knows of
+// the holder. pursue hands it each busy reply; wait answers with the value,
+// an error, or "look again", and each thing that can happen meanwhile has a
+// method of its own.
+type wait struct {
+	c *Client
+	f *flight
+
+	w      *watch      // the value and event channels; nil until the first wait
+	timer  *time.Timer // fires when the holder's lock would expire
+	holder string      // token of the holder waited for
+	waited bool        // counted in Stats.Waits
+	own    atomic.Bool // the lock is the flight's own (external-producer mode)
+
+	// maybeLocked is set when a lookup failed after it may have taken the
+	// lock: end releases the flight's token.
+	maybeLocked bool
+}
+
+// next is what wait decided.
+type next struct {
+	val   []byte
+	err   error
+	again bool // look the value up again
+}
+
+// wait waits on the busy reply r until the value, an error, or a reason to
+// look again.
+func (w *wait) wait(r reply) next {
+	w.busy(r)
+	for {
+		select {
+		case <-w.w.signal:
+			if n, ok := w.onEvents(w.c.sub.take(w.w)); ok {
+				return n
+			}
+		case <-w.timer.C:
+			return w.onExpiry()
+		case <-w.f.ctx.Done():
+			return next{err: w.c.ended()}
+		case <-w.f.done:
+			return w.onFinished()
+		}
+	}
+}
+
+// busy takes in a busy reply: whom to wait for, and until when.
+func (w *wait) busy(r reply) {
+	w.own.Store(r.holder == w.f.token)
+	if r.holder != w.holder {
+		w.holder = r.holder
+		if !w.own.Load() {
+			w.c.notifyWait(w.f, r.holder)
+		}
+	}
+	if !w.waited {
+		w.waited = true
+		w.c.stats.waits.Add(1)
+	}
+	if w.w == nil {
+		w.w = w.c.sub.watch(w.onValue, w.c.keys.Notif(w.f.key), w.c.keys.Events(w.f.key))
+	}
+	d := r.pttl + time.Millisecond
+	if r.pttl < 0 {
+		d = w.c.lockTTL // a lock without expiry, set by somebody else: look again later
+	}
+	if w.timer == nil {
+		w.timer = time.NewTimer(d)
+	} else {
+		w.timer.Reset(d)
+	}
+}
+
+// onValue runs on the subscriber's reader when the value is published, and
+// hands it to the callers at once. With a lock of our own, the flight
+// releases it first, so it is left to the flight.
+func (w *wait) onValue(payload string) {
+	if !w.own.Load() {
+		w.c.flights.finish(w.f, []byte(payload), nil)
+	}
+}
+
+// onEvents handles what the subscription delivered. It reports false to
+// keep waiting.
+func (w *wait) onEvents(ev events) (next, bool) {
+	if ev.closed {
+		return next{err: ErrClosed}, true
+	}
+	notif := w.c.keys.Notif(w.f.key)
+	for _, m := range ev.messages {
+		if m.Channel == notif {
+			return w.value([]byte(m.Payload)), true
+		}
+		kind, token, text := parseEvent(m.Payload)
+		if token != w.holder {
+			continue // about an earlier holder
+		}
+		switch kind {
+		case eventFail:
+			return w.onFail(text), true
+		case eventAbandon:
+			return w.again(), true
+		}
+	}
+	if ev.reread {
+		// Live now: whatever was published before is lost, so look.
+		return w.again(), true
+	}
+	return next{}, false
+}
+
+// onFail handles the holder's failure event.
+func (w *wait) onFail(text string) next {
+	w.c.stats.holderFails.Add(1)
+	if w.own.Load() {
+		// Our external producer reported its failure itself: the event is
+		// out, the lock must go.
+		w.release("")
+	}
+	return next{err: fmt.Errorf("%w: %s", ErrHolderFailed, text)}
+}
+
+// onExpiry handles the holder's lock expiring without news.
+func (w *wait) onExpiry() next {
+	return w.again()
+}
+
+// onFinished handles a flight finished while waiting: by onValue with the
+// value, or by Close.
+func (w *wait) onFinished() next {
+	if w.f.err != nil {
+		return next{err: w.f.err}
+	}
+	w.c.stats.wakeups.Add(1)
+	return next{val: w.f.val}
+}
+
+// value ends the wait with the value, looked up or received.
+func (w *wait) value(v []byte) next {
+	if w.waited {
+		w.c.stats.wakeups.Add(1)
+	} else {
+		w.c.stats.hits.Add(1)
+	}
+	if w.own.Load() {
+		w.release("") // before the callers look at Redis again
+	}
+	return next{val: v}
+}
+
+// again asks for another lookup, unless nobody is left to want it: a flight
+// that holds its own lock outlives its callers, but does not start the work
+// again for nobody.
+func (w *wait) again() next {
+	if w.own.Load() && w.c.flights.callers(w.f) == 0 {
+		return next{err: errAbandoned}
+	}
+	return next{again: true}
+}
+
+// release deletes the flight's own lock, publishing event.
+func (w *wait) release(event string) {
+	w.own.Store(false)
+	w.c.release(w.f, event)
+}
+
+// end stops the wait. A lock the flight may hold goes, with an abandon
+// event so that waiters elsewhere take over at once. It is safe to call
+// more than once.
+func (w *wait) end() {
+	if w.w != nil {
+		w.c.sub.unwatch(w.w)
+		w.w = nil
+	}
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	if w.own.Load() || w.maybeLocked {
+		w.maybeLocked = false
+		w.release(abandonEvent(w.f.token))
+	}
+}
+
+// release deletes f's lock if it still holds f's token, and publishes event.
+// A failure is harmless: the lock expires by itself. It is bounded, as it
+// may run while Close waits.
+func (c *Client) release(f *flight, event string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(f.ctx), closeWait)
+	defer cancel()
+	_ = c.proto.release(ctx, f.key, f.token, event)
+}

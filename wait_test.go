@@ -1,0 +1,348 @@
+package memolock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/memolock/memolock/internal/redistest"
+)
+
+// These tests break connections at chosen moments, through
+// redistest.Faults, on a real redis-server.
+
+// newFaultClient is newTestClient on a go-redis client whose connections go
+// through f. tune, if set, adjusts the go-redis options.
+func newFaultClient(t testing.TB, addr, tag string, opts *Options, f *redistest.Faults, tune func(*redis.Options)) *testClient {
+	t.Helper()
+	o := &redis.Options{Addr: addr, Dialer: f.Dial(addr)}
+	if tune != nil {
+		tune(o)
+	}
+	rdb := redis.NewClient(o)
+	cc := &commandCounter{}
+	rdb.AddHook(cc)
+	c, err := New(rdb, tag, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Close()
+		_ = rdb.Close()
+	})
+	return &testClient{Client: c, rdb: rdb, commands: cc}
+}
+
+// lookups counts the acquire scripts a client ran for one value key (a
+// NOSCRIPT reply does not count), so that a test can tell when a waiter has
+// re-read after subscribing.
+type lookups struct {
+	key string
+	n   atomic.Int64
+}
+
+func countLookups(rdb *redis.Client, key string) *lookups {
+	l := &lookups{key: key}
+	rdb.AddHook(l)
+	return l
+}
+
+func (l *lookups) count(cmd redis.Cmder, err error) {
+	args := cmd.Args()
+	if err == nil && cmd.Err() == nil && len(args) > 3 && (cmd.Name() == "evalsha" || cmd.Name() == "eval") && args[3] == l.key {
+		l.n.Add(1)
+	}
+}
+func (l *lookups) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (l *lookups) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		l.count(cmd, err)
+		return err
+	}
+}
+func (l *lookups) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			l.count(cmd, nil)
+		}
+		return err
+	}
+}
+
+// getAsync runs Get in the background; the channel yields its value or
+// its error's text.
+func getAsync(c *testClient, ctx context.Context, id string, fetch FetchFunc) <-chan string {
+	out := make(chan string, 1)
+	go func() {
+		v, err := c.Get(ctx, id, fetch)
+		if err != nil {
+			out <- "error: " + err.Error()
+			return
+		}
+		out <- string(v)
+	}()
+	return out
+}
+
+var noFetch FetchFunc = func(context.Context, *Lease) ([]byte, time.Duration, error) {
+	return nil, 0, errors.New("this fetch must not run")
+}
+
+// within fails the test unless ch yields want within d.
+func within(t *testing.T, d time.Duration, ch <-chan string, want, what string) {
+	t.Helper()
+	select {
+	case got := <-ch:
+		if got != want {
+			t.Fatalf("%s: got %q, want %q", what, got, want)
+		}
+	case <-time.After(d):
+		t.Fatalf("%s: nothing after %v", what, d)
+	}
+}
+
+// parkedAndLive waits until a waiter's lookups of its key reach n: a waiter
+// looks up once, then again once its subscription is live.
+func parkedAndLive(t *testing.T, l *lookups, n int64) {
+	t.Helper()
+	eventually(t, 5*time.Second, fmt.Sprintf("%d lookups of %s", n, l.key), func() bool { return l.n.Load() >= n })
+}
+
+// go-redis reconnects inside a Subscribe that finds its connection broken,
+// while the reader reads on, unaware. A value published in that gap must
+// still reach the waiter, promptly.
+func TestGet_WaiterSurvivesReconnectInsidePubSubWrite(t *testing.T) {
+	b := realBackend(t)
+	raw := rawClient(t, b.addr)
+	f := &redistest.Faults{}
+	c := newFaultClient(t, b.addr, "wr", &Options{LockTTL: 30 * time.Second}, f, nil)
+	k1 := countLookups(c.rdb, "wr:k1")
+	raw.Set(bg(), "wr/lock:k1", "holder-1", 30*time.Second)
+	raw.Set(bg(), "wr/lock:k2", "holder-2", 30*time.Second)
+	got := getAsync(c, bg(), "k1", noFetch)
+	parkedAndLive(t, k1, 2)
+
+	// Hold the reader just after it read a message, so that it is not
+	// reading when the connection breaks.
+	paused, resume := f.PausePubSubRead("noise")
+	raw.Publish(bg(), "wr/lock-event:k1", "noise\nnobody\n")
+	<-paused
+	// The next SUBSCRIBE fails, and go-redis dials again inside it.
+	f.FailPubSubWrite("subscribe")
+	dialing, releaseDials := f.HoldDials()
+	other := getAsync(c, bg(), "k2", noFetch)
+	<-dialing
+
+	// The holder of k1 finishes while no connection listens.
+	raw.Set(bg(), "wr:k1", "v1", time.Minute)
+	raw.Del(bg(), "wr/lock:k1")
+	raw.Publish(bg(), "wr/notif:k1", "v1")
+	releaseDials()
+	resume()
+	within(t, 5*time.Second, got, "v1", "the waiter, lock TTL 30s")
+
+	raw.Set(bg(), "wr:k2", "v2", time.Minute)
+	raw.Del(bg(), "wr/lock:k2")
+	raw.Publish(bg(), "wr/notif:k2", "v2")
+	within(t, 5*time.Second, other, "v2", "the second waiter")
+}
+
+// The connection drops after Redis ran the acquire script; go-redis tries
+// again with the same token, and Redis answers "busy, held by <that
+// token>". That lock is the flight's own.
+func TestGet_LostAcquireReplyRetriedByGoRedisHoldsTheLock(t *testing.T) {
+	b := realBackend(t)
+	f := &redistest.Faults{}
+	c := newFaultClient(t, b.addr, "lost", &Options{LockTTL: 30 * time.Second}, f, nil)
+	if _, err := c.Get(bg(), "warm", constFetch(new(atomic.Int64), "w", 0)); err != nil { // load the scripts
+		t.Fatal(err)
+	}
+	f.DropReply("lost:k")
+	var calls atomic.Int64
+	ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	v, err := c.Get(ctx, "k", constFetch(&calls, "v", 0))
+	if err != nil || string(v) != "v" {
+		t.Fatalf("Get = %q, %v after %v; want the value well before the 30s lock TTL", v, err, time.Since(t0))
+	}
+	if calls.Load() != 1 {
+		t.Errorf("fetch ran %d times", calls.Load())
+	}
+	if n := rawClient(t, b.addr).Exists(bg(), "lost/lock:k").Val(); n != 0 {
+		t.Error("lock left behind")
+	}
+}
+
+// An acquire whose every attempt timed out may still have taken the lock.
+// The flight releases it, so others need not wait for the lock TTL.
+func TestGet_AcquireThatTimesOutReleasesTheLockItMayHaveTaken(t *testing.T) {
+	b := realBackend(t)
+	f := &redistest.Faults{}
+	c := newFaultClient(t, b.addr, "ghost", &Options{LockTTL: 30 * time.Second}, f, func(o *redis.Options) {
+		o.ReadTimeout = 200 * time.Millisecond
+		o.MaxRetries = -1
+	})
+	other := newTestClient(t, b.addr, "ghost", &Options{LockTTL: 30 * time.Second})
+	if _, err := c.Get(bg(), "warm", constFetch(new(atomic.Int64), "w", 0)); err != nil {
+		t.Fatal(err)
+	}
+	f.SwallowReplies("ghost:k")
+	_, err := c.Get(bg(), "k", noFetch)
+	f.SwallowReplies("")
+	if !errors.Is(err, ErrRedis) {
+		t.Fatalf("Get = %v, want ErrRedis (a read timeout)", err)
+	}
+	ctx, cancel := context.WithTimeout(bg(), 5*time.Second)
+	defer cancel()
+	v, err := other.Get(ctx, "k", constFetch(new(atomic.Int64), "from other", 0))
+	if err != nil || string(v) != "from other" {
+		t.Fatalf("other client: %q, %v; the ghost lock was not released (lock TTL 30s)", v, err)
+	}
+}
+
+// A holder whose store finds the lock gone (FLUSHALL, eviction, an
+// invalidation) tells waiters, which look again at once.
+func TestGet_WaitersTakeOverAtOnceWhenTheHolderLosesItsLock(t *testing.T) {
+	b := realBackend(t)
+	opts := &Options{LockTTL: 30 * time.Second}
+	holder := newTestClient(t, b.addr, "flush", opts)
+	waiter := newTestClient(t, b.addr, "flush", opts)
+	looks := countLookups(waiter.rdb, "flush:k")
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	held := getAsync(holder, bg(), "k", blockingFetch(started, release, "late"))
+	<-started
+	got := getAsync(waiter, bg(), "k", constFetch(new(atomic.Int64), "from waiter", 0))
+	parkedAndLive(t, looks, 2)
+
+	b.real.Do(t, "FLUSHALL") // this test's own server
+	close(release)
+	within(t, 10*time.Second, held, "late", "the holder's caller")
+	within(t, 5*time.Second, got, "from waiter", "the waiter, lock TTL 30s")
+	if holder.Stats().LeaseLost != 1 {
+		t.Errorf("LeaseLost = %d, want 1", holder.Stats().LeaseLost)
+	}
+}
+
+// Lease.Held that finds the lock gone tells waiters too, while the holder
+// still computes.
+func TestLease_HeldThatFindsTheLockGoneWakesWaiters(t *testing.T) {
+	b := realBackend(t)
+	opts := &Options{LockTTL: 30 * time.Second}
+	holder := newTestClient(t, b.addr, "held", opts)
+	waiter := newTestClient(t, b.addr, "held", opts)
+	looks := countLookups(waiter.rdb, "held:k")
+	flushed, done := make(chan struct{}), make(chan struct{})
+	defer close(done)
+	go func() {
+		_, _ = holder.Get(bg(), "k", func(ctx context.Context, l *Lease) ([]byte, time.Duration, error) {
+			<-flushed
+			if held, err := l.Held(ctx); held || err != nil {
+				t.Errorf("Held = %v, %v after FLUSHALL", held, err)
+			}
+			<-done
+			return nil, 0, ctx.Err()
+		})
+	}()
+	eventually(t, 5*time.Second, "the holder to lock", func() bool { return holder.Stats().Fetches == 1 })
+	got := getAsync(waiter, bg(), "k", constFetch(new(atomic.Int64), "from waiter", 0))
+	parkedAndLive(t, looks, 2)
+	b.real.Do(t, "FLUSHALL")
+	close(flushed)
+	within(t, 5*time.Second, got, "from waiter", "the waiter, lock TTL 30s")
+}
+
+// A store whose reply was lost, retried by go-redis, finds its own value in
+// place: a success, not a lost lease.
+func TestGet_RetriedStoreIsNotALostLease(t *testing.T) {
+	b := realBackend(t)
+	f := &redistest.Faults{}
+	c := newFaultClient(t, b.addr, "lsl", nil, f, nil)
+	if _, err := c.Get(bg(), "warm", constFetch(new(atomic.Int64), "w", 0)); err != nil { // load the scripts
+		t.Fatal(err)
+	}
+	f.DropReply("lsl/notif:k") // only the store script names the channel
+	v, err := c.Get(bg(), "k", constFetch(new(atomic.Int64), "v", 0))
+	if err != nil || string(v) != "v" {
+		t.Fatalf("Get = %q, %v", v, err)
+	}
+	if f.Dials() < 2 {
+		t.Error("the store's connection was not dropped")
+	}
+	if s := c.Stats(); s.LeaseLost != 0 || s.StoreErrors != 0 {
+		t.Errorf("LeaseLost = %d, StoreErrors = %d; want 0 and 0", s.LeaseLost, s.StoreErrors)
+	}
+	if got := rawClient(t, b.addr).Get(bg(), "lsl:k").Val(); got != "v" {
+		t.Errorf("stored %q", got)
+	}
+}
+
+// In external-producer mode the winner holds the lock: a caller that leaves
+// must cancel neither start nor the wait, and must not fail waiters
+// elsewhere.
+func TestGetExternal_CallerLeavingNeitherCancelsStartNorFailsWaiters(t *testing.T) {
+	b := realBackend(t)
+	opts := &Options{LockTTL: 30 * time.Second}
+	a := newTestClient(t, b.addr, "ext2", opts)
+	other := newTestClient(t, b.addr, "ext2", opts)
+	raw := rawClient(t, b.addr)
+	startErr := make(chan error, 1)
+	start := func(ctx context.Context, l *Lease) error {
+		select { // a slow hand-off, say an HTTP call to the producer
+		case <-time.After(300 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		startErr <- ctx.Err()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		go func() {
+			raw.Set(bg(), "ext2:q", "pdf", time.Minute)
+			raw.Publish(bg(), "ext2/notif:q", "pdf")
+		}()
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(bg(), 100*time.Millisecond)
+	defer cancel()
+	left := make(chan error, 1)
+	go func() { _, err := a.GetExternal(ctx, "q", start); left <- err }()
+	eventually(t, 5*time.Second, "the winner to start", func() bool { return a.Stats().Fetches == 1 })
+	wctx, wcancel := context.WithTimeout(bg(), 5*time.Second)
+	defer wcancel()
+	v, err := other.GetExternal(wctx, "q", func(context.Context, *Lease) error { return errors.New("must not start") })
+	if err != nil || string(v) != "pdf" {
+		t.Errorf("waiter elsewhere: %q, %v", v, err)
+	}
+	if err := <-left; !errors.Is(err, ErrTimeout) {
+		t.Errorf("leaving caller: %v", err)
+	}
+	if err := <-startErr; err != nil {
+		t.Errorf("start's context: %v, want it alive", err)
+	}
+	eventually(t, 5*time.Second, "the winner's lock to go", func() bool { return raw.Exists(bg(), "ext2/lock:q").Val() == 0 })
+}
+
+// Close releases a lock held in external-producer mode, so waiters
+// elsewhere take over at once.
+func TestClose_ReleasesExternalProducerLock(t *testing.T) {
+	b := realBackend(t)
+	opts := &Options{LockTTL: 30 * time.Second}
+	a := newTestClient(t, b.addr, "ext3", opts)
+	other := newTestClient(t, b.addr, "ext3", opts)
+	looks := countLookups(other.rdb, "ext3:q")
+	go func() { _, _ = a.GetExternal(bg(), "q", func(context.Context, *Lease) error { return nil }) }()
+	eventually(t, 5*time.Second, "the winner to start", func() bool { return a.Stats().Fetches == 1 })
+	got := getAsync(other, bg(), "q", constFetch(new(atomic.Int64), "taken over", 0))
+	parkedAndLive(t, looks, 2)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 5*time.Second, got, "taken over", "the waiter, lock TTL 30s")
+}
