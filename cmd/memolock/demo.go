@@ -32,6 +32,11 @@ func demo(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "memolock demo: --clients and --goroutines must be at least 1, --fetch not negative")
 		return 2
 	}
+	if *clients > maxClients || *clients**goroutines > maxGoroutines {
+		fmt.Fprintf(stderr, "memolock demo: %d clients x %d goroutines is too many: the demo runs at most %d clients and %d goroutines in all (each costs a few KB)\n",
+			*clients, *goroutines, maxClients, maxGoroutines)
+		return 2
+	}
 
 	opts := &redis.Options{}
 	where := "embedded miniredis"
@@ -62,6 +67,14 @@ func demo(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "memolock demo: %d clients x %d goroutines ask for one missing key at once;\n", *clients, *goroutines)
 	fmt.Fprintf(stdout, "computing it takes %v. Redis: %s.\n\n", *fetch, where)
 
+	plainKey := tag + ":" + id + ":unprotected"
+	defer func() {
+		cleanup := redis.NewClient(opts)
+		_ = cleanup.Del(context.Background(), tag+":"+id, plainKey).Err()
+		_ = cleanup.Close()
+	}()
+
+	fmt.Fprintf(stdout, "%-15s %13s %12s %12s %15s\n", "", "computations", "p50 latency", "p99 latency", "redis commands")
 	protected, err := stampede(*opts, *clients, *goroutines, *fetch, tag, func(rdb *redis.Client, c *memolock.Client, compute func()) error {
 		_, err := c.Get(context.Background(), id, func(context.Context, *memolock.Lease) ([]byte, time.Duration, error) {
 			compute()
@@ -69,11 +82,13 @@ func demo(args []string, stdout, stderr io.Writer) int {
 		})
 		return err
 	})
-	if err != nil {
-		fmt.Fprintf(stderr, "memolock demo: %v\n", err)
-		return 1
+	code := 0
+	if !printRow(stdout, stderr, "memolock", protected, err) {
+		code = 1
+	} else if protected.computations != 1 {
+		fmt.Fprintf(stderr, "memolock demo: expected 1 computation with memolock, got %d\n", protected.computations)
+		code = 1
 	}
-	plainKey := tag + ":" + id + ":unprotected"
 	unprotected, err := stampede(*opts, *clients, *goroutines, *fetch, "", func(rdb *redis.Client, _ *memolock.Client, compute func()) error {
 		ctx := context.Background()
 		if err := rdb.Get(ctx, plainKey).Err(); err != redis.Nil {
@@ -82,29 +97,31 @@ func demo(args []string, stdout, stderr io.Writer) int {
 		compute()
 		return rdb.Set(ctx, plainKey, "the report", time.Minute).Err()
 	})
-	if err != nil {
-		fmt.Fprintf(stderr, "memolock demo: %v\n", err)
-		return 1
-	}
-
-	cleanup := redis.NewClient(opts)
-	_ = cleanup.Del(context.Background(), tag+":"+id, plainKey).Err()
-	_ = cleanup.Close()
-
-	fmt.Fprintf(stdout, "%-15s %13s %12s %12s %15s\n", "", "computations", "p50 latency", "p99 latency", "redis commands")
-	for _, r := range []struct {
-		name string
-		res  result
-	}{{"memolock", protected}, {"no protection", unprotected}} {
-		fmt.Fprintf(stdout, "%-15s %13d %12v %12v %15d\n", r.name, r.res.computations,
-			r.res.p50.Round(time.Millisecond/10), r.res.p99.Round(time.Millisecond/10), r.res.commands)
+	if !printRow(stdout, stderr, "no protection", unprotected, err) {
+		code = 1
 	}
 	fmt.Fprintf(stdout, "\nRedis commands are counted by the clients (connection set-up excluded).\n")
-	if protected.computations != 1 {
-		fmt.Fprintf(stderr, "memolock demo: expected 1 computation with memolock, got %d\n", protected.computations)
-		return 1
+	return code
+}
+
+// The demo's limits: each goroutine costs a few KB, each client its
+// connections.
+const (
+	maxClients    = 1000
+	maxGoroutines = 1_000_000
+)
+
+// printRow prints one line of the table, or why that run failed. It
+// reports whether the run succeeded.
+func printRow(stdout, stderr io.Writer, name string, res result, err error) bool {
+	if err != nil {
+		fmt.Fprintf(stdout, "%-15s %13s\n", name, "failed")
+		fmt.Fprintf(stderr, "memolock demo: %s run: %v\n", name, err)
+		return false
 	}
-	return 0
+	fmt.Fprintf(stdout, "%-15s %13d %12v %12v %15d\n", name, res.computations,
+		res.p50.Round(time.Millisecond/10), res.p99.Round(time.Millisecond/10), res.commands)
+	return true
 }
 
 type result struct {
@@ -178,8 +195,8 @@ func stampede(opts redis.Options, clients, goroutines int, fetch time.Duration, 
 	close(start)
 	wg.Wait()
 	close(errs)
-	if err := <-errs; err != nil {
-		return result{}, err
+	if n := len(errs); n > 0 {
+		return result{}, fmt.Errorf("%d of %d callers failed, the first with: %w", n, clients*goroutines, <-errs)
 	}
 
 	res := result{computations: computed.Load()}

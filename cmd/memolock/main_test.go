@@ -80,6 +80,22 @@ func TestDemo_EmbeddedComputesOnce(t *testing.T) {
 	}
 }
 
+// When the unprotected run fails (here Redis refuses its many
+// connections), the memolock row is still printed.
+func TestDemo_MemolockRowSurvivesAFailedUnprotectedRun(t *testing.T) {
+	srv := redistest.Start(t, "--maxclients", "24")
+	inv := memolockCmd(t, nil, "demo", "--redis", "redis://"+srv.Addr, "--clients", "8", "--goroutines", "200", "--fetch", "100ms")
+	var memolockRow, failedRow bool
+	for _, line := range strings.Split(inv.stdout, "\n") {
+		f := strings.Fields(line)
+		memolockRow = memolockRow || len(f) == 5 && f[0] == "memolock" && f[1] == "1"
+		failedRow = failedRow || len(f) == 3 && f[0] == "no" && f[2] == "failed"
+	}
+	if inv.code != 1 || !memolockRow || !failedRow || !strings.Contains(inv.stderr, "no protection run:") {
+		t.Errorf("exit %d, stdout %q, stderr %q; want 1, the memolock row, and the failure", inv.code, inv.stdout, inv.stderr)
+	}
+}
+
 func TestRun_ConcurrentInvocationsRunCommandOnce(t *testing.T) {
 	srv := redistest.Start(t)
 	dir := t.TempDir()
@@ -168,20 +184,39 @@ func TestRun_WaitLimit(t *testing.T) {
 }
 
 func TestRun_PasswordNeverPrinted(t *testing.T) {
-	cases := [][]string{
-		{"run", "--redis", "redis://user:s3cret-pw@127.0.0.1:1/0", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"},
-		{"run", "--redis", "redis://user:s3cret-pw@127.0.0.1:1/%zz", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"},
-		{"run", "--redis", "bogus://user:s3cret-pw@127.0.0.1:1", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"},
-		{"demo", "--redis", "redis://user:s3cret-pw@127.0.0.1:1/0", "--clients", "1", "--goroutines", "1"},
+	cases := []struct {
+		env  []string
+		args []string
+	}{
+		{nil, []string{"run", "--redis", "redis://user:s3cret-pw@127.0.0.1:1/0", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"}},
+		{nil, []string{"run", "--redis", "redis://user:s3cret-pw@127.0.0.1:1/%zz", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"}},
+		{nil, []string{"run", "--redis", "bogus://user:s3cret-pw@127.0.0.1:1", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"}},
+		{nil, []string{"run", "--redis", "redis://s3cret-pw@127.0.0.1:1", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"}},
+		{nil, []string{"run", "--redis", "redis://127.0.0.1:1/0?password=s3cret-pw&dial_timeout=1s", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"}},
+		{nil, []string{"run", "--redis", "redis://127.0.0.1:1/0?password=s3cret-pw&bogus=1", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"}},
+		{[]string{"MEMOLOCK_REDIS=redis://u:s3cret-pw@127.0.0.1:1"}, []string{"run", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"}},
+		{[]string{"MEMOLOCK_REDIS=redis://u:s3cret-pw@127.0.0.1:1"}, []string{"run", "-h"}},
+		{[]string{"MEMOLOCK_REDIS=redis://u:s3cret-pw@127.0.0.1:1"}, []string{"run", "--bogus-flag"}},
+		{nil, []string{"demo", "--redis", "redis://user:s3cret-pw@127.0.0.1:1/0", "--clients", "1", "--goroutines", "1"}},
+		{nil, []string{"demo", "--redis", "redis://s3cret-pw@127.0.0.1:1/0", "--clients", "1", "--goroutines", "1"}},
 	}
-	for _, args := range cases {
-		inv := memolockCmd(t, nil, args...)
+	for _, tc := range cases {
+		inv := memolockCmd(t, tc.env, tc.args...)
 		if inv.code == 0 {
-			t.Errorf("%v: exit 0 against a closed port", args)
+			t.Errorf("%v: exit 0", tc.args)
 		}
 		if strings.Contains(inv.stdout+inv.stderr, "s3cret-pw") {
-			t.Errorf("%v printed the password: %s%s", args, inv.stdout, inv.stderr)
+			t.Errorf("%v printed the password: %s%s", tc.args, inv.stdout, inv.stderr)
 		}
+	}
+}
+
+// go-redis logs every failed dial; the CLI prints only its own error.
+func TestRun_RedisDownIsOneLineOnStderr(t *testing.T) {
+	inv := memolockCmd(t, nil, "run", "--redis", "redis://127.0.0.1:1", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo")
+	lines := strings.Split(strings.TrimSpace(inv.stderr), "\n")
+	if inv.code != 1 || len(lines) != 1 || !strings.Contains(lines[0], "connection refused") {
+		t.Errorf("exit %d, stderr %q; want 1 and one line naming the refused connection", inv.code, inv.stderr)
 	}
 }
 
@@ -197,6 +232,9 @@ func TestRun_BadUsage(t *testing.T) {
 		{[]string{"run", "--tag", "t", "--id", "i", "--ttl", "1s"}, "no command given"},
 		{[]string{"run", "--tag", "a/lock", "--id", "i", "--ttl", "1s", "--", "echo"}, `contains "/lock"`},
 		{[]string{"run", "--tag", "t", "--id", "i", "--ttl", "1s", "--lock-ttl", "1us", "--", "echo"}, "under 1ms"},
+		{[]string{"run", "--tag", "t", "--id", "i", "--ttl", "-1s", "--", "echo"}, "--ttl -1s is negative"},
+		{[]string{"run", "--tag", "t", "--id", "i", "--ttl", "1s", "--wait", "-1s", "--", "echo"}, "--wait -1s is negative"},
+		{[]string{"demo", "--clients", "8", "--goroutines", "200000"}, "too many"},
 	}
 	for _, tc := range cases {
 		inv := memolockCmd(t, nil, tc.args...)

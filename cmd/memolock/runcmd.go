@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -19,136 +20,348 @@ import (
 	"github.com/memolock/memolock"
 )
 
-// exitError is CMD's failure in the process that ran it.
-type exitError struct{ code int }
+// Exit codes, as shells use them.
+const (
+	exitFailure     = 1
+	exitUsage       = 2
+	exitWaitLimit   = 124 // --wait ran out, as timeout(1) does
+	exitCannotExec  = 126
+	exitNotFound    = 127
+	exitSignalBase  = 128 // 128+N: killed by signal N
+	defaultRedisURL = "redis://127.0.0.1:6379"
+)
 
-func (e *exitError) Error() string { return fmt.Sprintf("command exited with status %d", e.code) }
+// killGrace is how long the command's processes have, after SIGTERM, before
+// SIGKILL.
+const killGrace = 2 * time.Second
+
+// exitError is CMD's failure in the process that ran it.
+type exitError struct {
+	code   int
+	signal syscall.Signal // set when a signal killed it
+}
+
+func (e *exitError) Error() string {
+	if e.signal != 0 {
+		return fmt.Sprintf("command killed by signal %d (%v)", int(e.signal), e.signal)
+	}
+	return fmt.Sprintf("command exited with status %d", e.code)
+}
+
+// startError is CMD failing to start: not found, or not executable.
+type startError struct {
+	code int
+	err  error
+}
+
+func (e *startError) Error() string { return e.err.Error() }
+
+// errInterrupted ends a run that a signal interrupted.
+var errInterrupted = errors.New("interrupted")
 
 func runCmd(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("memolock run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	defaultURL := os.Getenv("MEMOLOCK_REDIS")
-	if defaultURL == "" {
-		defaultURL = "redis://127.0.0.1:6379"
-	}
-	redisURL := fs.String("redis", defaultURL, "Redis URL (default $MEMOLOCK_REDIS, then redis://127.0.0.1:6379)")
+	// The default is not the flag's default value: the usage text would
+	// print $MEMOLOCK_REDIS, password and all.
+	redisURL := fs.String("redis", "", "Redis URL (default $MEMOLOCK_REDIS, then "+defaultRedisURL+")")
 	tag := fs.String("tag", "", "key tag (required)")
 	id := fs.String("id", "", "key id (required)")
-	ttl := fs.Duration("ttl", -1, "how long the output stays cached, 0 for ever (required)")
+	ttl := fs.Duration("ttl", 0, "how long the output stays cached, 0 for ever (required)")
 	lockTTL := fs.Duration("lock-ttl", memolock.DefaultLockTTL, "lock TTL: how soon others take over if this process dies")
-	wait := fs.Duration("wait", 0, "give up waiting after this long (0: no limit)")
+	wait := fs.Duration("wait", 0, "give up waiting after this long, exit 124 (0: no limit)")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return exitUsage
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	argv := fs.Args()
 	switch {
 	case *tag == "" || *id == "":
 		fmt.Fprintln(stderr, "memolock run: --tag and --id are required")
-		return 2
-	case *ttl < 0:
+		return exitUsage
+	case !set["ttl"]:
 		fmt.Fprintln(stderr, "memolock run: --ttl is required (0 caches for ever)")
-		return 2
+		return exitUsage
+	case *ttl < 0:
+		fmt.Fprintf(stderr, "memolock run: --ttl %v is negative; give how long the output stays cached, or 0 for ever\n", *ttl)
+		return exitUsage
+	case *wait < 0:
+		fmt.Fprintf(stderr, "memolock run: --wait %v is negative; give a limit, or 0 for none\n", *wait)
+		return exitUsage
 	case len(argv) == 0:
 		fmt.Fprintln(stderr, "memolock run: no command given; put it after --")
-		return 2
+		return exitUsage
+	}
+	if *redisURL == "" {
+		*redisURL = os.Getenv("MEMOLOCK_REDIS")
+	}
+	if *redisURL == "" {
+		*redisURL = defaultRedisURL
 	}
 
 	opts, err := redis.ParseURL(*redisURL)
 	if err != nil {
 		// The parse error may quote the URL, password and all.
 		fmt.Fprintf(stderr, "memolock run: --redis %s is not a valid Redis URL\n", redact(*redisURL))
-		return 2
+		return exitUsage
 	}
 	rdb := redis.NewClient(opts)
 	defer rdb.Close()
 
-	var (
-		mu      sync.Mutex
-		waiting chan struct{} // closed to stop the progress messages
-		started = time.Now()
-	)
-	progress := &sync.WaitGroup{}
-	onWait := func(_, holder string) {
-		mu.Lock()
-		defer mu.Unlock()
-		if waiting != nil {
-			return
-		}
-		waiting = make(chan struct{})
-		progress.Add(1)
-		go func(stop chan struct{}) {
-			defer progress.Done()
-			tick := time.NewTicker(time.Second)
-			defer tick.Stop()
-			for {
-				fmt.Fprintf(stderr, "memolock: waiting for %s:%s, computed by %s (%.1fs)\n",
-					*tag, *id, holder, time.Since(started).Seconds())
-				select {
-				case <-tick.C:
-				case <-stop:
-					return
-				}
-			}
-		}(waiting)
-	}
-	c, err := memolock.New(rdb, *tag, &memolock.Options{LockTTL: *lockTTL, OnWait: onWait})
+	p := &progress{stderr: stderr, name: *tag + ":" + *id, started: time.Now()}
+	c, err := memolock.New(rdb, *tag, &memolock.Options{LockTTL: *lockTTL, OnWait: p.waiting})
 	if err != nil {
 		fmt.Fprintf(stderr, "memolock run: %v\n", err)
-		return 2
+		return exitUsage
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	sig := catchSignals()
+	defer sig.stop()
+	ctx := sig.ctx
 	if *wait > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, *wait)
 		defer cancel()
 	}
 
-	out, err := c.Get(ctx, *id, func(ctx context.Context, _ *memolock.Lease) ([]byte, time.Duration, error) {
-		cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-		var buf bytes.Buffer
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, &buf, stderr
-		if err := cmd.Run(); err != nil {
-			var ee *exec.ExitError
-			if errors.As(err, &ee) && ee.ExitCode() > 0 {
-				return nil, 0, &exitError{ee.ExitCode()}
-			}
+	var partial []byte // the output of a command that failed here
+	out, err := c.Get(ctx, *id, func(fctx context.Context, _ *memolock.Lease) ([]byte, time.Duration, error) {
+		out, err := runGroup(fctx, sig, argv, stderr)
+		if err != nil {
+			partial = out
 			return nil, 0, err
 		}
-		return buf.Bytes(), *ttl, nil
+		return out, *ttl, nil
 	})
-	// Close releases our lock if we still hold one (on a signal, say) and
-	// kills CMD through its context.
+	// Close releases our lock if we still hold one (on a signal, say), once
+	// the command's processes are gone.
 	_ = c.Close()
-	mu.Lock()
-	if waiting != nil {
-		close(waiting)
-	}
-	mu.Unlock()
-	progress.Wait()
+	p.stop()
 
-	var ee *exitError
-	var execErr *exec.Error
+	var (
+		ee *exitError
+		se *startError
+	)
 	switch {
+	case sig.caught() != 0:
+		fmt.Fprintf(stderr, "memolock run: interrupted by %v\n", sig.caught())
+		return exitSignalBase + int(sig.caught())
 	case err == nil:
 		if _, err := stdout.Write(out); err != nil {
 			fmt.Fprintf(stderr, "memolock run: writing output: %v\n", err)
-			return 1
+			return exitFailure
 		}
 		return 0
 	case errors.As(err, &ee):
+		_, _ = stdout.Write(partial)
+		if ee.signal != 0 {
+			return exitSignalBase + int(ee.signal)
+		}
 		return ee.code
-	case errors.As(err, &execErr):
-		fmt.Fprintf(stderr, "memolock run: %v\n", err)
-		return 127
+	case errors.As(err, &se):
+		fmt.Fprintf(stderr, "memolock run: %v\n", se.err)
+		return se.code
 	case errors.Is(err, memolock.ErrHolderFailed):
 		fmt.Fprintf(stderr, "memolock run: the command failed where it ran: %v\n", err)
-		return 1
-	case errors.Is(err, memolock.ErrTimeout):
-		fmt.Fprintf(stderr, "memolock run: gave up after %.1fs: %v\n", time.Since(started).Seconds(), err)
-		return 124
+		return exitFailure
+	case errors.Is(err, memolock.ErrTimeout) && errors.Is(err, context.DeadlineExceeded):
+		fmt.Fprintf(stderr, "memolock run: gave up after %.1fs (--wait %v): %v\n", time.Since(p.started).Seconds(), *wait, err)
+		return exitWaitLimit
 	}
 	fmt.Fprintf(stderr, "memolock run: %v (redis %s)\n", err, redact(*redisURL))
-	return 1
+	return exitFailure
+}
+
+// runGroup runs argv in a process group of its own and returns its
+// standard output. If ctx ends (Close) or a signal arrives, it stops the
+// whole group, SIGTERM then SIGKILL after killGrace (at once on a second
+// signal), and returns only once every process of the group is gone.
+func runGroup(ctx context.Context, sig *signals, argv []string, stderr io.Writer) ([]byte, error) {
+	// Our own pipe rather than exec's: after stopping the group we must not
+	// wait for a process that left it and holds the pipe open.
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, w, stderr
+	newGroup(cmd)
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
+		return nil, classifyStart(err)
+	}
+	var buf bytes.Buffer
+	read := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(&buf, r)
+		close(read)
+	}()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		<-read // all of the output, as a shell's $(...) has it
+		return buf.Bytes(), exitErr(err)
+	case <-ctx.Done():
+	case <-sig.first:
+	}
+	stopGroup(cmd.Process.Pid, exited, sig.second)
+	r.Close()
+	<-read
+	return buf.Bytes(), errInterrupted
+}
+
+// stopGroup stops process group pgid, whose leader reports on exited:
+// SIGTERM, then SIGKILL after killGrace or when force is closed. It returns
+// once no process of the group is left.
+func stopGroup(pgid int, exited <-chan error, force <-chan struct{}) {
+	_ = signalGroup(pgid, syscall.SIGTERM)
+	grace := time.NewTimer(killGrace)
+	defer grace.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	leaderDone := false
+	for {
+		select {
+		case <-exited:
+			leaderDone, exited = true, nil
+		case <-grace.C:
+			_ = signalGroup(pgid, syscall.SIGKILL)
+		case <-force:
+			force = nil
+			_ = signalGroup(pgid, syscall.SIGKILL)
+		case <-tick.C:
+		}
+		if leaderDone {
+			reapOrphans()
+			if !groupAlive(pgid) {
+				return
+			}
+		}
+	}
+}
+
+// exitErr turns what cmd.Wait returned into the command's exit status.
+func exitErr(err error) error {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return err
+	}
+	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return &exitError{signal: ws.Signal()}
+	}
+	return &exitError{code: ee.ExitCode()}
+}
+
+// classifyStart gives the shell's exit status to a command that could not
+// start: 127 not found, 126 found but not executable.
+func classifyStart(err error) error {
+	switch {
+	case errors.Is(err, exec.ErrNotFound), errors.Is(err, fs.ErrNotExist):
+		return &startError{code: exitNotFound, err: err}
+	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.ENOEXEC), errors.Is(err, syscall.EISDIR):
+		return &startError{code: exitCannotExec, err: err}
+	}
+	return &startError{code: exitCannotExec, err: err}
+}
+
+// signals tracks SIGINT and SIGTERM: the first cancels ctx and closes
+// first, a second closes second.
+type signals struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	ch     chan os.Signal
+	first  chan struct{}
+	second chan struct{}
+	done   chan struct{}
+	wg     sync.WaitGroup
+
+	mu  sync.Mutex
+	got syscall.Signal
+}
+
+func catchSignals() *signals {
+	s := &signals{ch: make(chan os.Signal, 2), first: make(chan struct{}), second: make(chan struct{}), done: make(chan struct{})}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	signal.Notify(s.ch, os.Interrupt, syscall.SIGTERM)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		select {
+		case v := <-s.ch:
+			s.mu.Lock()
+			s.got, _ = v.(syscall.Signal)
+			s.mu.Unlock()
+			s.cancel()
+			close(s.first)
+		case <-s.done:
+			return
+		}
+		select {
+		case <-s.ch:
+			close(s.second)
+		case <-s.done:
+		}
+	}()
+	return s
+}
+
+func (s *signals) caught() syscall.Signal {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.got
+}
+
+func (s *signals) stop() {
+	signal.Stop(s.ch)
+	close(s.done)
+	s.wg.Wait()
+	s.cancel()
+}
+
+// progress says on stderr, once a second, that the invocation waits.
+type progress struct {
+	stderr  io.Writer
+	name    string
+	started time.Time
+
+	mu   sync.Mutex
+	quit chan struct{} // closed to stop the messages
+	wg   sync.WaitGroup
+}
+
+func (p *progress) waiting(_, holder string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.quit != nil {
+		return
+	}
+	p.quit = make(chan struct{})
+	p.wg.Add(1)
+	go func(quit chan struct{}) {
+		defer p.wg.Done()
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			fmt.Fprintf(p.stderr, "memolock: waiting for %s, computed by %s (%.1fs)\n",
+				p.name, holder, time.Since(p.started).Seconds())
+			select {
+			case <-tick.C:
+			case <-quit:
+				return
+			}
+		}
+	}(p.quit)
+}
+
+func (p *progress) stop() {
+	p.mu.Lock()
+	if p.quit != nil {
+		close(p.quit)
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
 }

@@ -1,0 +1,25 @@
+//go:build !unix
+
+package main
+
+import (
+	"os"
+	"os/exec"
+	"syscall"
+)
+
+// Without process groups, only the command itself is stopped.
+
+func newGroup(cmd *exec.Cmd) {}
+
+func signalGroup(pgid int, sig syscall.Signal) error {
+	p, err := os.FindProcess(pgid)
+	if err != nil {
+		return err
+	}
+	return p.Kill()
+}
+
+func groupAlive(int) bool { return false }
+
+func reapOrphans() {}

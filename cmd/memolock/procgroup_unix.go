@@ -1,0 +1,36 @@
+//go:build unix
+
+package main
+
+import (
+	"errors"
+	"os/exec"
+	"syscall"
+)
+
+// newGroup makes cmd the leader of a process group of its own, so that a
+// signal can reach every process it starts.
+func newGroup(cmd *exec.Cmd) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+}
+
+func signalGroup(pgid int, sig syscall.Signal) error {
+	return syscall.Kill(-pgid, sig)
+}
+
+// groupAlive reports whether any process of group pgid is left.
+func groupAlive(pgid int) bool {
+	return !errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH)
+}
+
+// reapOrphans reaps children that are left: the command's own processes,
+// which become ours once the command's leader is gone (see subreaper).
+func reapOrphans() {
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		if pid <= 0 || err != nil {
+			return
+		}
+	}
+}

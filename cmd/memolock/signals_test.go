@@ -1,0 +1,286 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/memolock/memolock/internal/redistest"
+)
+
+// background is an invocation of memolock running in the background.
+type background struct {
+	cmd  *exec.Cmd
+	out  bytes.Buffer
+	errb bytes.Buffer
+	done chan invocation
+}
+
+func startMemolock(t *testing.T, args ...string) *background {
+	t.Helper()
+	b := &background{cmd: exec.Command(binary, args...), done: make(chan invocation, 1)}
+	b.cmd.Stdout, b.cmd.Stderr = &b.out, &b.errb
+	t0 := time.Now()
+	if err := b.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		err := b.cmd.Wait()
+		inv := invocation{stdout: b.out.String(), stderr: b.errb.String(), took: time.Since(t0)}
+		if ee, ok := err.(*exec.ExitError); ok {
+			inv.code = ee.ExitCode()
+		}
+		b.done <- inv
+	}()
+	t.Cleanup(func() {
+		_ = b.cmd.Process.Kill()
+	})
+	return b
+}
+
+func (b *background) wait(t *testing.T, d time.Duration, what string) invocation {
+	t.Helper()
+	select {
+	case inv := <-b.done:
+		return inv
+	case <-time.After(d):
+		t.Fatalf("%s still running after %v", what, d)
+		return invocation{}
+	}
+}
+
+// alive reports whether process pid exists and is not a zombie.
+func alive(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return syscall.Kill(pid, 0) == nil
+	}
+	// pid (comm) state ...
+	s := string(stat)
+	return !strings.HasPrefix(s[strings.LastIndex(s, ")")+1:], " Z")
+}
+
+func readPids(t *testing.T, file string) []int {
+	t.Helper()
+	data, _ := os.ReadFile(file)
+	var pids []int
+	for _, f := range strings.Fields(string(data)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// SIGTERM to the invocation that runs the command stops the command's whole
+// process group, grandchildren too, and releases the lock only once they
+// are gone: a waiting invocation takes over at once and never overlaps.
+func TestRun_SignalStopsTheWholeGroupBeforeHandingOver(t *testing.T) {
+	srv := redistest.Start(t)
+	url := "redis://" + srv.Addr
+	dir := t.TempDir()
+	pids := filepath.Join(dir, "pids")
+	// Two grandchildren that outlive their shell unless killed.
+	holderScript := fmt.Sprintf(`sleep 60 & echo $! >> %[1]s; sleep 60 & echo $! >> %[1]s; echo $$ >> %[1]s; wait`, pids)
+	holder := startMemolock(t, "run", "--redis", url, "--tag", "sig", "--id", "k", "--ttl", "1m", "--lock-ttl", "30s",
+		"--", "sh", "-c", holderScript)
+	eventually(t, 5*time.Second, "the command to start its processes", func() bool { return len(readPids(t, pids)) == 3 })
+
+	// The waiter's command records any of the holder's processes it finds
+	// still running.
+	waiterScript := fmt.Sprintf(`for p in $(cat %s); do if [ -d /proc/$p ] && ! grep -q '^[0-9]* ([^)]*) Z' /proc/$p/stat; then echo "overlap $p"; fi; done; echo taken-over`, pids)
+	waiter := startMemolock(t, "run", "--redis", url, "--tag", "sig", "--id", "k", "--ttl", "1m", "--lock-ttl", "30s",
+		"--", "sh", "-c", waiterScript)
+	eventually(t, 5*time.Second, "the waiter to wait", func() bool { return strings.Contains(waiter.errb.String(), "waiting for sig:k") })
+
+	t0 := time.Now()
+	_ = holder.cmd.Process.Signal(syscall.SIGTERM)
+	h := holder.wait(t, 10*time.Second, "the interrupted invocation")
+	if h.code != 143 {
+		t.Errorf("interrupted invocation: exit %d, want 143; stderr %q", h.code, h.stderr)
+	}
+	for _, pid := range readPids(t, pids) {
+		if alive(pid) {
+			t.Errorf("process %d of the command still runs after the invocation exited", pid)
+		}
+	}
+	w := waiter.wait(t, 10*time.Second, "the waiter")
+	if w.code != 0 || strings.TrimSpace(w.stdout) != "taken-over" {
+		t.Errorf("waiter: exit %d, stdout %q, stderr %q", w.code, w.stdout, w.stderr)
+	}
+	if d := time.Since(t0); d > 10*time.Second {
+		t.Errorf("takeover took %v (lock TTL 30s)", d)
+	}
+}
+
+// A command that ignores SIGTERM gets SIGKILL after the grace, or at once
+// on a second signal.
+func TestRun_SecondSignalForces(t *testing.T) {
+	srv := redistest.Start(t)
+	dir := t.TempDir()
+	started := filepath.Join(dir, "started")
+	holder := startMemolock(t, "run", "--redis", "redis://"+srv.Addr, "--tag", "sig2", "--id", "k", "--ttl", "1m",
+		"--", "sh", "-c", fmt.Sprintf(`trap '' TERM; touch %s; while :; do sleep 0.05; done`, started))
+	eventually(t, 5*time.Second, "the command to start", func() bool { _, err := os.Stat(started); return err == nil })
+	_ = holder.cmd.Process.Signal(syscall.SIGINT)
+	time.Sleep(100 * time.Millisecond) // the second signal must come second
+	t0 := time.Now()
+	_ = holder.cmd.Process.Signal(syscall.SIGINT)
+	h := holder.wait(t, 10*time.Second, "the interrupted invocation")
+	if h.code != 130 {
+		t.Errorf("exit %d, want 130; stderr %q", h.code, h.stderr)
+	}
+	if d := time.Since(t0); d > 1500*time.Millisecond {
+		t.Errorf("exit %v after the second signal (grace is %v)", d, killGrace)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	if n := rdb.Exists(context.Background(), "sig2/lock:k").Val(); n != 0 {
+		t.Error("lock left behind")
+	}
+}
+
+// An invocation that waits exits at once on a signal, with 128+N.
+func TestRun_WaitingInvocationExitsOnSignal(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	rdb.Set(context.Background(), "sig3/lock:k", "someone", time.Minute)
+	waiter := startMemolock(t, "run", "--redis", "redis://"+srv.Addr, "--tag", "sig3", "--id", "k", "--ttl", "1m", "--", "echo")
+	eventually(t, 5*time.Second, "the waiter to wait", func() bool { return strings.Contains(waiter.errb.String(), "waiting for") })
+	t0 := time.Now()
+	_ = waiter.cmd.Process.Signal(syscall.SIGINT)
+	w := waiter.wait(t, 5*time.Second, "the waiting invocation")
+	if w.code != 130 || time.Since(t0) > 2*time.Second {
+		t.Errorf("exit %d after %v; want 130 at once", w.code, time.Since(t0))
+	}
+	if v := rdb.Get(context.Background(), "sig3/lock:k").Val(); v != "someone" {
+		t.Errorf("the other holder's lock was touched: %q", v)
+	}
+}
+
+// Exit codes follow the shell's conventions, and the invocation that ran a
+// failing command still passes its output through.
+func TestRun_ExitCodes(t *testing.T) {
+	srv := redistest.Start(t)
+	url := "redis://" + srv.Addr
+	dir := t.TempDir()
+	notExec := filepath.Join(dir, "not-executable")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\necho hi\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		argv   []string
+		code   int
+		stdout string
+	}{
+		{"not found", []string{"memolock-no-such-command"}, 127, ""},
+		{"not found by path", []string{filepath.Join(dir, "missing")}, 127, ""},
+		{"not executable", []string{notExec}, 126, ""},
+		{"a directory", []string{dir}, 126, ""},
+		{"killed by SIGKILL", []string{"sh", "-c", "kill -9 $$"}, 137, ""},
+		{"killed by SIGTERM", []string{"sh", "-c", "echo some; kill -15 $$"}, 143, "some\n"},
+		{"failing", []string{"sh", "-c", "echo partial; exit 3"}, 3, "partial\n"},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"run", "--redis", url, "--tag", "codes", "--id", strconv.Itoa(i), "--ttl", "1m", "--"}, tc.argv...)
+			inv := memolockCmd(t, nil, args...)
+			if inv.code != tc.code || inv.stdout != tc.stdout {
+				t.Errorf("exit %d, stdout %q; want %d, %q (stderr %q)", inv.code, inv.stdout, tc.code, tc.stdout, inv.stderr)
+			}
+		})
+	}
+}
+
+// --wait holds when Redis stalls or never answers.
+func TestRun_WaitHoldsWhenRedisStalls(t *testing.T) {
+	srv := redistest.Start(t, "--enable-debug-command", "yes")
+	sleeper := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer sleeper.Close()
+	slept := make(chan error, 1)
+	go func() { slept <- sleeper.Do(context.Background(), "DEBUG", "SLEEP", "4").Err() }()
+	eventually(t, 5*time.Second, "the server to stall", func() bool { return stalled(srv.Addr) })
+	inv := memolockCmd(t, nil, "run", "--redis", "redis://"+srv.Addr, "--tag", "st", "--id", "k", "--ttl", "1m", "--wait", "1s", "--", "echo", "x")
+	if inv.code != 124 || inv.took > 3*time.Second {
+		t.Errorf("exit %d after %v; want 124 after about 1s (stall 4s); stderr %q", inv.code, inv.took, inv.stderr)
+	}
+	<-slept
+
+	silent := silentServer(t)
+	inv = memolockCmd(t, nil, "run", "--redis", "redis://"+silent, "--tag", "st", "--id", "k", "--ttl", "1m", "--wait", "1s", "--", "echo", "x")
+	if inv.code != 124 || inv.took > 4*time.Second {
+		t.Errorf("silent server: exit %d after %v; want 124 after about 1s; stderr %q", inv.code, inv.took, inv.stderr)
+	}
+}
+
+// stalled reports whether the server at addr fails to answer a PING within
+// 50ms, as during DEBUG SLEEP.
+func stalled(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(50 * time.Millisecond))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return false
+	}
+	_, err = bufio.NewReader(c).ReadString('\n')
+	var nerr net.Error
+	return errors.As(err, &nerr) && nerr.Timeout()
+}
+
+// silentServer accepts connections and never answers.
+func silentServer(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		<-done
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return l.Addr().String()
+}
+
+// eventually fails the test unless cond holds within d.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
