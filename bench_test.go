@@ -224,15 +224,21 @@ func wakeups(b *testing.B, wait func(w int), ready func() bool, wake func()) []t
 }
 
 func reportPercentiles(b *testing.B, lat []time.Duration) {
+	p := percentiles(lat)
+	b.ReportMetric(float64(p[0].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(p[1].Microseconds()), "p99-µs")
+}
+
+// percentiles returns the 50th and 99th percentiles of lat, which it sorts.
+func percentiles(lat []time.Duration) [2]time.Duration {
 	slices.Sort(lat)
-	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
-	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+	return [2]time.Duration{lat[len(lat)/2], lat[len(lat)*99/100]}
 }
 
 // psubscribeWaiters is the original redis-memolock's waiting design, for
-// comparison in BenchmarkWakeup: one PSUBSCRIBE of the whole tag per client,
-// go-redis Channel(), and one goroutine that hands each message to the
-// channels of its waiters.
+// comparison in the wake-up benchmarks: one PSUBSCRIBE of the whole tag per
+// client, go-redis Channel(), and one goroutine that hands each message to
+// the channels of its waiters.
 type psubscribeWaiters struct {
 	ps   *redis.PubSub
 	mu   sync.Mutex
@@ -240,11 +246,10 @@ type psubscribeWaiters struct {
 	done chan struct{}
 }
 
-func newPSubscribeWaiters(b *testing.B, addr, tag string) *psubscribeWaiters {
-	rdb := rawClient(b, addr)
+func newPSubscribeWaiters(rdb *redis.Client, tag string) *psubscribeWaiters {
 	p := &psubscribeWaiters{ps: rdb.PSubscribe(bg(), tag+"/notif:*"), subs: map[string][]chan string{}, done: make(chan struct{})}
 	if _, err := p.ps.Receive(bg()); err != nil {
-		b.Fatal(err)
+		panic(err)
 	}
 	msgs := p.ps.Channel()
 	go func() {
@@ -258,8 +263,12 @@ func newPSubscribeWaiters(b *testing.B, addr, tag string) *psubscribeWaiters {
 			p.mu.Unlock()
 		}
 	}()
-	b.Cleanup(func() { _ = p.ps.Close(); <-p.done })
 	return p
+}
+
+func (p *psubscribeWaiters) close() {
+	_ = p.ps.Close()
+	<-p.done
 }
 
 func (p *psubscribeWaiters) wait(channel string) string {
@@ -282,7 +291,9 @@ func BenchmarkWakeupPSubscribe(b *testing.B) {
 	const clients = 4
 	var ps []*psubscribeWaiters
 	for range clients {
-		ps = append(ps, newPSubscribeWaiters(b, srv.addr, "wake"))
+		p := newPSubscribeWaiters(rawClient(b, srv.addr), "wake")
+		b.Cleanup(p.close)
+		ps = append(ps, p)
 	}
 	raw := rawClient(b, srv.addr)
 	var all []time.Duration

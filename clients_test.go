@@ -56,7 +56,7 @@ func TestGet_WorksOverRESP2AndRESP3(t *testing.T) {
 				raw := rawClient(t, b.addr)
 				raw.Del(bg(), "proto:k")
 				raw.Set(bg(), "proto/lock:k", "someone", time.Minute)
-				var cs []*Client
+				var cs []*testClient
 				for range 3 {
 					rdb := redis.NewClient(&redis.Options{Addr: b.addr, Protocol: proto})
 					c, err := New(rdb, "proto", &Options{LockTTL: time.Minute})
@@ -64,7 +64,7 @@ func TestGet_WorksOverRESP2AndRESP3(t *testing.T) {
 						t.Fatal(err)
 					}
 					t.Cleanup(func() { _ = c.Close(); _ = rdb.Close() })
-					cs = append(cs, c)
+					cs = append(cs, &testClient{Client: c, rdb: rdb})
 				}
 				var wg sync.WaitGroup
 				for _, c := range cs {
@@ -81,12 +81,7 @@ func TestGet_WorksOverRESP2AndRESP3(t *testing.T) {
 						}()
 					}
 				}
-				eventually(t, 5*time.Second, "3 subscribers", func() bool {
-					return raw.PubSubNumSub(bg(), "proto/notif:k").Val()["proto/notif:k"] == 3
-				})
-				// Let the markers return, then publish: only live
-				// subscriptions hear it, the rest must re-read.
-				time.Sleep(20 * time.Millisecond)
+				waitersLive(t, "proto/notif:k", cs...)
 				raw.Set(bg(), "proto:k", "published", time.Minute)
 				raw.Del(bg(), "proto/lock:k")
 				raw.Publish(bg(), "proto/notif:k", "published")

@@ -27,14 +27,18 @@ func nilClient() *redis.Client { return nil }
 
 func runtimeGoexit() { runtime.Goexit() }
 
-// waitersLive waits until n memolock clients are subscribed to ch and their
-// marker PINGs have had time to return.
-func waitersLive(t *testing.T, raw *redis.Client, ch string, n int64) {
+// waitersLive waits until every client has a live subscription to ch:
+// subscribed, and its marker PING back.
+func waitersLive(t *testing.T, ch string, clients ...*testClient) {
 	t.Helper()
-	eventually(t, 5*time.Second, fmt.Sprintf("%d subscribers on %s", n, ch), func() bool {
-		return raw.PubSubNumSub(bg(), ch).Val()[ch] == n
+	eventually(t, 5*time.Second, fmt.Sprintf("%d live subscriptions to %s", len(clients), ch), func() bool {
+		for _, c := range clients {
+			if c.sub.liveWatches(ch) == 0 {
+				return false
+			}
+		}
+		return true
 	})
-	time.Sleep(20 * time.Millisecond)
 }
 
 func TestGet_WaitersSurviveClientKillOfPubSub(t *testing.T) {
@@ -63,7 +67,7 @@ func TestGet_WaitersSurviveClientKillOfPubSub(t *testing.T) {
 			}()
 		}
 	}
-	waitersLive(t, raw, "kill/notif:k", clients)
+	waitersLive(t, "kill/notif:k", waiters...)
 	if n := raw.ClientKillByFilter(bg(), "TYPE", "pubsub").Val(); n < clients {
 		t.Fatalf("CLIENT KILL TYPE pubsub killed %d connections", n)
 	}
@@ -111,7 +115,7 @@ func TestGet_WaitersSurviveRedisRestart(t *testing.T) {
 		}
 		got <- string(v)
 	}()
-	waitersLive(t, raw, "restart/notif:k", 1)
+	waitersLive(t, "restart/notif:k", waiter)
 
 	b.real.Restart(t) // an empty server: the lock is gone
 	t0 := time.Now()
@@ -323,10 +327,7 @@ func TestGet_WaiterSurvivesSilentlyDeadPubSubConnection(t *testing.T) {
 		}
 		got <- string(v)
 	}()
-	eventually(t, 5*time.Second, "the waiter to subscribe", func() bool {
-		return b.mini.PubSubNumSub("silent/notif:k")["silent/notif:k"] == 1 && c.Stats().Pings > 0
-	})
-	time.Sleep(20 * time.Millisecond)
+	waitersLive(t, "silent/notif:k", c)
 	if n := proxy.SilencePubSub(); n != 1 {
 		t.Fatalf("silenced %d pub/sub connections, want 1", n)
 	}

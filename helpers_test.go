@@ -20,6 +20,10 @@ func TestMain(m *testing.M) {
 		runHelperHolder()
 		return
 	}
+	if spec := os.Getenv(wakeChildEnv); spec != "" {
+		runWakeChild(spec)
+		return
+	}
 	// go-redis logs every failed dial; the outage tests make many on purpose.
 	redis.SetLogger(quietLogger{})
 	goleak.VerifyTestMain(m)

@@ -205,7 +205,11 @@ func (c *Client) Get(ctx context.Context, id string, fetch FetchFunc) ([]byte, e
 	if fetch == nil {
 		return nil, fmt.Errorf("%w: fetch is nil", ErrInvalid)
 	}
-	return c.get(ctx, id, fetch, nil)
+	f, val, err := c.get(ctx, id, fetch, nil)
+	if f != nil {
+		return c.flights.await(ctx, f)
+	}
+	return val, err
 }
 
 // GetExternal is Get for values that another program produces: the lock
@@ -219,18 +223,25 @@ func (c *Client) GetExternal(ctx context.Context, id string, start StartFunc) ([
 	if start == nil {
 		return nil, fmt.Errorf("%w: start is nil", ErrInvalid)
 	}
-	return c.get(ctx, id, nil, start)
+	f, val, err := c.get(ctx, id, nil, start)
+	if f != nil {
+		return c.flights.await(ctx, f)
+	}
+	return val, err
 }
 
-func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start StartFunc) ([]byte, error) {
+// get starts or joins the flight for id. It returns the value or an error,
+// or a flight to await (the caller awaits it itself, so that a woken
+// caller returns through fewer frames).
+func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start StartFunc) (*flight, []byte, error) {
 	if err := c.usable(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if ctx == nil {
-		return nil, fmt.Errorf("%w: context is nil", ErrInvalid)
+		return nil, nil, fmt.Errorf("%w: context is nil", ErrInvalid)
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrTimeout, err)
+		return nil, nil, fmt.Errorf("%w: %w", ErrTimeout, err)
 	}
 	key := id
 	if c.hashIDs {
@@ -240,17 +251,17 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 		return &flight{id: id, key: key, token: newToken(), fetch: fetch, start: start, done: make(chan struct{})}
 	}, &c.wg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if !leader {
-		return c.flights.await(ctx, f)
+		return f, nil, nil
 	}
 	if ctx.Done() != nil {
 		// A caller that may leave must not wait on Redis itself: go-redis
 		// ignores context deadlines by default.
 		c.flights.launch(f, ctx)
 		go c.resolve(f, nil)
-		return c.flights.await(ctx, f)
+		return f, nil, nil
 	}
 	// This caller cannot leave, so the first lookup runs on its goroutine
 	// and a hit costs no goroutine.
@@ -259,11 +270,11 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 		c.stats.hits.Add(1)
 		c.flights.finish(f, a.r.value, nil)
 		c.wg.Done()
-		return a.r.value, nil
+		return nil, a.r.value, nil
 	}
 	c.flights.launch(f, ctx)
 	go c.resolve(f, &a)
-	return c.flights.await(ctx, f)
+	return f, nil, nil
 }
 
 // attempt is the outcome of one lookup.

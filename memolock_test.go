@@ -263,11 +263,7 @@ func TestGet_FetchErrorReachesWaitersPromptlyAndStoresNothing(t *testing.T) {
 						errs <- err
 					}()
 				}
-				eventually(t, 5*time.Second, "waiters to subscribe", func() bool {
-					return raw.PubSubNumSub(bg(), "fail/lock-event:k").Val()["fail/lock-event:k"] == 1 &&
-						waiter.Stats().Pings > 0
-				})
-				time.Sleep(20 * time.Millisecond) // let the marker PONG arrive
+				waitersLive(t, "fail/lock-event:k", waiter)
 				t0 := time.Now()
 				close(release)
 
@@ -435,8 +431,7 @@ func TestClose_ReleasesHeldLockSoWaitersElsewhereTakeOver(t *testing.T) {
 		}
 		got <- string(v)
 	}()
-	eventually(t, 5*time.Second, "the other client to wait", func() bool { return other.Stats().Waits == 1 })
-	time.Sleep(20 * time.Millisecond)
+	waitersLive(t, "handover/notif:k", other)
 	if err := holder.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -692,8 +687,7 @@ func TestGet_RejectsBadInput(t *testing.T) {
 	b := miniBackend(t)
 	c := newTestClient(t, b.addr, "bad", nil)
 	fetch := constFetch(new(atomic.Int64), "v", 0)
-	//lint:ignore SA1012 nil context is the bad input under test
-	var nilCtx context.Context
+	var nilCtx context.Context // the bad input under test
 	cases := []struct {
 		name string
 		call func() error

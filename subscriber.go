@@ -52,6 +52,7 @@ type subscriber struct {
 	reads  sync.WaitGroup
 
 	mu       sync.Mutex
+	later    bool // a wake-up for run is due after unsubscribeDelay
 	started  bool
 	closed   bool
 	all      map[*watch]struct{}
@@ -182,7 +183,7 @@ func (s *subscriber) unwatch(w *watch) {
 		}
 	}
 	s.mu.Unlock()
-	s.wake()
+	s.wakeLater()
 }
 
 // take returns and clears the events collected for w.
@@ -206,6 +207,28 @@ func (s *subscriber) wake() {
 	case s.kick <- struct{}{}:
 	default:
 	}
+}
+
+// unsubscribeDelay is how long an UNSUBSCRIBE may wait: long enough that the
+// callers a value just woke run first, and that the unsubscribes of many
+// waits that end together go out as one command.
+const unsubscribeDelay = 2 * time.Millisecond
+
+// wakeLater wakes run after unsubscribeDelay, unless such a wake-up is
+// due already.
+func (s *subscriber) wakeLater() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.later || s.closed {
+		return
+	}
+	s.later = true
+	time.AfterFunc(unsubscribeDelay, func() {
+		s.mu.Lock()
+		s.later = false
+		s.mu.Unlock()
+		s.wake()
+	})
 }
 
 // plan is what run sends next.
@@ -429,8 +452,9 @@ func (s *subscriber) read(ps *redis.PubSub, gen uint64) {
 // was replaced behind our back.
 func (s *subscriber) deliver(gen uint64, msg any) bool {
 	var (
-		buf     [4]func(string)
-		onValue = buf[:0]
+		buf     [4]*watch
+		poke    = buf[:0] // poked after the fast path has run
+		onValue []func(string)
 		payload string
 	)
 	s.mu.Lock()
@@ -444,7 +468,7 @@ func (s *subscriber) deliver(gen uint64, msg any) bool {
 		payload = m.Payload
 		for w := range s.watches[m.Channel] {
 			w.messages = append(w.messages, m)
-			w.poke()
+			poke = append(poke, w)
 			if w.onValue != nil && m.Channel == w.channels[0] {
 				onValue = append(onValue, w.onValue)
 			}
@@ -464,7 +488,7 @@ func (s *subscriber) deliver(gen uint64, msg any) bool {
 			n++
 			if !w.gone && !w.closed {
 				w.live, w.reread = true, true
-				w.poke()
+				poke = append(poke, w)
 			}
 		}
 		s.marked = s.marked[n:]
@@ -477,8 +501,12 @@ func (s *subscriber) deliver(gen uint64, msg any) bool {
 		s.acks = s.acks[1:]
 	}
 	s.mu.Unlock()
+	// The value's callers first: waking the waits' own goroutines can wait.
 	for _, f := range onValue {
 		f(payload)
+	}
+	for _, w := range poke {
+		w.poke()
 	}
 	return true
 }

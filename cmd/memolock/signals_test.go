@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -24,9 +25,28 @@ import (
 // background is an invocation of memolock running in the background.
 type background struct {
 	cmd  *exec.Cmd
-	out  bytes.Buffer
-	errb bytes.Buffer
+	out  syncBuffer
+	errb syncBuffer
 	done chan invocation
+}
+
+// syncBuffer is a bytes.Buffer that a test may read while a process
+// writes to it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func startMemolock(t *testing.T, args ...string) *background {

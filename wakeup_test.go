@@ -1,0 +1,259 @@
+package memolock
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// BenchmarkWakeupProcesses measures the time from PUBLISH to the return of
+// each waiting call, for 4 OS processes × 250 goroutines parked on one key,
+// as separate services would be. Each process has its own Go scheduler, and
+// stamps its returns with the wall clock, which all processes share. Three
+// designs run in the same run, their rounds interleaved so that the
+// machine's noise falls on all three alike:
+//
+//   - memolock: one Client per process, 250 Gets on the key;
+//   - psubscribe: the original redis-memolock's design, one PSUBSCRIBE of
+//     the tag per process, go-redis Channel() and a dispatcher;
+//   - floor: what no design can beat, one plain SUBSCRIBE per process whose
+//     message closes one channel that its 250 goroutines wait on.
+//
+// Each iteration parks and wakes 1,000 waiters of each design. It reports
+// p50 and p99 for each, and memolock's over the floor's.
+func BenchmarkWakeupProcesses(b *testing.B) {
+	srv := realBackend(b)
+	modes := []string{"floor", "memolock", "psubscribe"}
+	children := map[string][]*wakeChild{}
+	for _, mode := range modes {
+		for range wakeProcesses {
+			children[mode] = append(children[mode], startWakeChild(b, srv.addr, mode))
+		}
+	}
+	raw := rawClient(b, srv.addr)
+	lat := map[string][]time.Duration{}
+	for i := 0; b.Loop(); i++ {
+		for k := range modes {
+			mode := modes[(i+k)%len(modes)] // rotate which goes first
+			lat[mode] = append(lat[mode], wakeRound(b, raw, children[mode], mode+strconv.Itoa(i))...)
+		}
+	}
+	p := map[string][2]time.Duration{}
+	for _, mode := range modes {
+		p[mode] = percentiles(lat[mode])
+		b.ReportMetric(float64(p[mode][0].Microseconds()), mode+"-p50-µs")
+		b.ReportMetric(float64(p[mode][1].Microseconds()), mode+"-p99-µs")
+	}
+	b.ReportMetric(float64(p["memolock"][0])/float64(p["floor"][0]), "p50-vs-floor")
+	b.ReportMetric(float64(p["memolock"][1])/float64(p["floor"][1]), "p99-vs-floor")
+}
+
+// wakeRound parks the children's goroutines on id, publishes its value
+// once, and returns how long after the PUBLISH each returned. Only the
+// PUBLISH and the wake-up are timed.
+func wakeRound(b *testing.B, raw *redis.Client, children []*wakeChild, id string) []time.Duration {
+	b.StopTimer()
+	raw.Set(bg(), "wake/lock:"+id, "publisher", time.Minute)
+	for _, c := range children {
+		if _, err := fmt.Fprintln(c.in, "park "+id); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, c := range children {
+		if !c.out.Scan() || c.out.Text() != "parked" {
+			b.Fatalf("child did not park: %q %v", c.out.Text(), c.out.Err())
+		}
+	}
+	raw.Set(bg(), "wake:"+id, "v", time.Minute)
+	b.StartTimer()
+	t0 := time.Now().UnixNano()
+	raw.Publish(bg(), "wake/notif:"+id, "v")
+	var lat []time.Duration
+	for _, c := range children {
+		if !c.out.Scan() {
+			b.Fatal(c.out.Err())
+		}
+		for _, f := range strings.Fields(c.out.Text()) {
+			ns, err := strconv.ParseInt(f, 10, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			lat = append(lat, time.Duration(ns-t0))
+		}
+	}
+	return lat
+}
+
+const (
+	wakeProcesses  = 4
+	wakeGoroutines = 250
+	wakeChildEnv   = "MEMOLOCK_WAKE_CHILD"
+)
+
+// wakeChild is one process of BenchmarkWakeupProcesses, driven by lines on
+// its stdin.
+type wakeChild struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Scanner
+}
+
+func startWakeChild(b *testing.B, addr, mode string) *wakeChild {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), wakeChildEnv+"="+mode+" "+addr)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	c := &wakeChild{cmd: cmd, in: in, out: bufio.NewScanner(out)}
+	c.out.Buffer(make([]byte, 1<<20), 1<<20)
+	b.Cleanup(func() {
+		_ = in.Close()
+		_ = cmd.Wait()
+	})
+	return c
+}
+
+// runWakeChild is the child process's side: it parks its goroutines on
+// each key it is told, says "parked" once they are all parked and its
+// subscription is live, and prints the wall-clock times at which they
+// returned.
+func runWakeChild(spec string) {
+	mode, addr, _ := strings.Cut(spec, " ")
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	in := bufio.NewScanner(os.Stdin)
+	var park func(id string, ready chan<- struct{}) // set per mode
+
+	switch mode {
+	case "memolock":
+		c, err := New(rdb, "wake", &Options{LockTTL: time.Minute})
+		if err != nil {
+			panic(err)
+		}
+		defer c.Close()
+		park = func(id string, ready chan<- struct{}) {
+			before := c.Stats().Coalesced
+			go func() {
+				for c.Stats().Coalesced-before < wakeGoroutines-1 || c.sub.liveWatches("wake/notif:"+id) == 0 {
+					time.Sleep(100 * time.Microsecond)
+				}
+				ready <- struct{}{}
+			}()
+		}
+		runWakeRounds(in, park, func(id string) {
+			if _, err := c.Get(context.Background(), id, failFetch); err != nil {
+				panic(err)
+			}
+		})
+	case "psubscribe":
+		p := newPSubscribeWaiters(rdb, "wake")
+		defer p.close()
+		park = func(id string, ready chan<- struct{}) {
+			go func() {
+				for p.parked("wake/notif:"+id) < wakeGoroutines {
+					time.Sleep(100 * time.Microsecond)
+				}
+				ready <- struct{}{}
+			}()
+		}
+		runWakeRounds(in, park, func(id string) { p.wait("wake/notif:" + id) })
+	case "floor":
+		ps := rdb.Subscribe(context.Background())
+		defer ps.Close()
+		var mu sync.Mutex
+		var woken chan struct{}
+		park = func(id string, ready chan<- struct{}) {
+			ch := make(chan struct{})
+			mu.Lock()
+			woken = ch
+			mu.Unlock()
+			if err := ps.Subscribe(context.Background(), "wake/notif:"+id); err != nil {
+				panic(err)
+			}
+			go func() {
+				for {
+					msg, err := ps.Receive(context.Background())
+					if err != nil {
+						panic(err)
+					}
+					switch m := msg.(type) {
+					case *redis.Subscription:
+						if m.Kind == "subscribe" {
+							ready <- struct{}{}
+						}
+					case *redis.Message:
+						close(ch)
+						return
+					}
+				}
+			}()
+		}
+		runWakeRounds(in, park, func(string) {
+			mu.Lock()
+			ch := woken
+			mu.Unlock()
+			<-ch
+		})
+	default:
+		panic("unknown mode " + mode)
+	}
+}
+
+// runWakeRounds runs the rounds the parent asks for: park wakeGoroutines
+// calls of wait, say "parked" once they all called it and park says ready,
+// and print their return times.
+func runWakeRounds(in *bufio.Scanner, park func(string, chan<- struct{}), wait func(id string)) {
+	for in.Scan() {
+		id, ok := strings.CutPrefix(in.Text(), "park ")
+		if !ok {
+			panic("bad command " + in.Text())
+		}
+		stamps := make([]int64, wakeGoroutines)
+		var wg sync.WaitGroup
+		var entered atomic.Int64
+		ready := make(chan struct{}, 1)
+		park(id, ready)
+		for g := range wakeGoroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				entered.Add(1)
+				wait(id)
+				stamps[g] = time.Now().UnixNano()
+			}()
+		}
+		<-ready
+		for entered.Load() < wakeGoroutines {
+			time.Sleep(100 * time.Microsecond)
+		}
+		time.Sleep(time.Millisecond) // the last ones from entered to parked
+		fmt.Println("parked")
+		wg.Wait()
+		var sb strings.Builder
+		for _, s := range stamps {
+			sb.WriteString(strconv.FormatInt(s, 10))
+			sb.WriteByte(' ')
+		}
+		fmt.Println(sb.String())
+	}
+}
