@@ -85,6 +85,21 @@ func BenchmarkHit(b *testing.B) {
 		// Callers that joined a flight already under way for the same key.
 		b.ReportMetric(float64(c.Stats().Coalesced-before.Coalesced)/float64(b.N), "coalesced/op")
 	})
+	// A caller whose context has a deadline may leave before Redis
+	// answers, so its lookup runs on a goroutine of the flight's.
+	b.Run("memolock-deadline", func(b *testing.B) {
+		c := newBenchClient(b, srv.addr, "hit")
+		ids := storeKeys(b, rawClient(b, srv.addr), "hit", 1024)
+		ctx, cancel := context.WithTimeout(bg(), time.Hour)
+		defer cancel()
+		runParallel(b, func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := c.Get(ctx, ids[rand.IntN(1024)], failFetch); err != nil {
+					b.Error(err)
+				}
+			}
+		})
+	})
 }
 
 // BenchmarkHotKey compares 64 goroutines reading one key through memolock

@@ -2,7 +2,10 @@ package memolock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -72,4 +75,55 @@ func ExampleTyped_Get() {
 	stored, _ := srv.Get("users:7")
 	fmt.Println(u.Name, err, stored)
 	// Output: ada <nil> {"name":"ada","admin":true}
+}
+
+// The basic use, against a Redis on 127.0.0.1:6379. (Not run by go test:
+// it needs that server.)
+func Example() {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	defer rdb.Close()
+	likes, err := memolock.New(rdb, "likes", &memolock.Options{LockTTL: 10 * time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer likes.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	v, err := likes.Get(ctx, "kristoff", func(ctx context.Context, lease *memolock.Lease) ([]byte, time.Duration, error) {
+		n, err := countLikes(ctx, "kristoff") // runs once across all processes
+		return []byte(strconv.Itoa(n)), time.Minute, err
+	})
+	switch {
+	case errors.Is(err, memolock.ErrTimeout):
+		log.Print("no value within 2s") // the computation goes on for others
+	case err != nil:
+		log.Print(err)
+	default:
+		fmt.Printf("%s likes\n", v)
+	}
+}
+
+func countLikes(ctx context.Context, user string) (int, error) { return 42, nil }
+
+// Typed values, with the JSON codec.
+func ExampleTyped() {
+	srv, _ := miniredis.Run()
+	defer srv.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	c, _ := memolock.New(rdb, "users", nil)
+	defer c.Close()
+	ctx := context.Background()
+
+	users := memolock.Typed[User]{Client: c}
+	u, err := users.Get(ctx, "42", func(ctx context.Context, _ *memolock.Lease) (User, time.Duration, error) {
+		return loadUser(ctx, 42)
+	})
+	fmt.Println(u.Name, err)
+	// Output: ada <nil>
+}
+
+func loadUser(ctx context.Context, id int) (User, time.Duration, error) {
+	return User{Name: "ada"}, time.Hour, nil
 }

@@ -42,19 +42,20 @@ func newFaultClient(t testing.TB, addr, tag string, opts *Options, f *redistest.
 // NOSCRIPT reply does not count), so that a test can tell when a waiter has
 // re-read after subscribing.
 type lookups struct {
-	key string
+	key atomic.Value // string
 	n   atomic.Int64
 }
 
 func countLookups(rdb *redis.Client, key string) *lookups {
-	l := &lookups{key: key}
+	l := &lookups{}
+	l.key.Store(key)
 	rdb.AddHook(l)
 	return l
 }
 
 func (l *lookups) count(cmd redis.Cmder, err error) {
 	args := cmd.Args()
-	if err == nil && cmd.Err() == nil && len(args) > 3 && (cmd.Name() == "evalsha" || cmd.Name() == "eval") && args[3] == l.key {
+	if err == nil && cmd.Err() == nil && len(args) > 3 && (cmd.Name() == "evalsha" || cmd.Name() == "eval") && args[3] == l.key.Load() {
 		l.n.Add(1)
 	}
 }
@@ -112,7 +113,7 @@ func within(t *testing.T, d time.Duration, ch <-chan string, want, what string) 
 // looks up once, then again once its subscription is live.
 func parkedAndLive(t *testing.T, l *lookups, n int64) {
 	t.Helper()
-	eventually(t, 5*time.Second, fmt.Sprintf("%d lookups of %s", n, l.key), func() bool { return l.n.Load() >= n })
+	eventually(t, 5*time.Second, fmt.Sprintf("%d lookups of %s", n, l.key.Load()), func() bool { return l.n.Load() >= n })
 }
 
 // go-redis reconnects inside a Subscribe that finds its connection broken,

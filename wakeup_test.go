@@ -151,10 +151,15 @@ func runWakeChild(spec string) {
 			panic(err)
 		}
 		defer c.Close()
+		looks := countLookups(rdb, "")
 		park = func(id string, ready chan<- struct{}) {
 			before := c.Stats().Coalesced
+			looks.key.Store("wake:" + id)
+			looks.n.Store(0)
 			go func() {
-				for c.Stats().Coalesced-before < wakeGoroutines-1 || c.sub.liveWatches("wake/notif:"+id) == 0 {
+				// Parked: every caller joined, and the flight looked again
+				// once its subscription was live.
+				for c.Stats().Coalesced-before < wakeGoroutines-1 || looks.n.Load() < 2 {
 					time.Sleep(100 * time.Microsecond)
 				}
 				ready <- struct{}{}
