@@ -14,7 +14,7 @@ import (
 // lock's remaining time when the lock was found already ours (a retried
 // lookup whose first reply was lost), or negative when just taken.
 func (c *Client) hold(f *flight, pttl time.Duration) ([]byte, error) {
-	if !c.flights.hold(f, &c.callbacks) {
+	if !c.flights.hold(f, &c.callbacks, &c.holders) {
 		// Every caller left, or Close began: somebody elsewhere may already
 		// wait on this lock, so hand it over.
 		c.release(f, abandonEvent(f.token))
@@ -86,8 +86,24 @@ func (c *Client) compute(f *flight, lease *Lease, pttl time.Duration) ([]byte, e
 		c.release(f, failEvent(f.token, res.err))
 		return nil, res.err
 	}
-	c.store(f, res.val, res.ttl, closing)
+	if err := c.store(f, res.val, res.ttl, closing); err != nil {
+		c.storeFailed(f, err)
+	}
 	return res.val, nil
+}
+
+// storeFailed tells waiters elsewhere that the store failed, now rather
+// than when the lock expires: with a fail event if the lock is still ours
+// (nothing was stored), or else with an abandon event, so that they look
+// again (the script may have stored the value and stopped before its
+// PUBLISH).
+func (c *Client) storeFailed(f *flight, err error) {
+	if c.release(f, failEvent(f.token, err)) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(f.ctx), closeWait)
+	defer cancel()
+	_ = c.proto.abandoned(ctx, f.key, f.token)
 }
 
 // watchdog renews the lease every LockTTL/3 until stop is closed, or the
@@ -110,9 +126,10 @@ func (c *Client) watchdog(f *flight, lease *Lease, first time.Duration, stop <-c
 	}
 }
 
-// store writes the value if the lease still holds. Failures are counted,
-// not returned: the callers have their value either way.
-func (c *Client) store(f *flight, val []byte, ttl time.Duration, closing bool) {
+// store writes the value if the lease still holds. It returns the error of
+// a store that failed; a lost lease is only counted. Either way the callers
+// have their value.
+func (c *Client) store(f *flight, val []byte, ttl time.Duration, closing bool) error {
 	ctx := context.WithoutCancel(f.ctx)
 	if closing {
 		var cancel context.CancelFunc
@@ -127,12 +144,13 @@ func (c *Client) store(f *flight, val []byte, ttl time.Duration, closing bool) {
 	case !stored:
 		c.stats.leaseLost.Add(1)
 	}
+	return err
 }
 
 // startExternal runs start under the flight's lock. The flight then holds
 // the lock: its callers leaving cancel neither start nor the wait.
 func (c *Client) startExternal(f *flight) error {
-	if !c.flights.hold(f, &c.callbacks) {
+	if !c.flights.hold(f, &c.callbacks, &c.holders) {
 		c.release(f, abandonEvent(f.token))
 		return c.ended()
 	}

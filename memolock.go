@@ -104,6 +104,7 @@ type Client struct {
 	stats   counters
 
 	wg        sync.WaitGroup // flights' goroutines and the batcher's
+	holders   sync.WaitGroup // flights that hold, or held, a lock
 	callbacks sync.WaitGroup // fetch and start functions running
 	closing   chan struct{}  // closed when Close starts
 	closed    chan struct{}  // closed when Close has finished
@@ -308,6 +309,9 @@ func (c *Client) resolve(f *flight, first *attempt) {
 	// Callers first; the rest can wait.
 	c.flights.finish(f, val, err)
 	w.end()
+	if f.held {
+		c.holders.Done()
+	}
 }
 
 // pursue looks the value up until it has it, computes it, or fails.
@@ -328,9 +332,7 @@ func (c *Client) pursue(f *flight, w *wait, a *attempt) ([]byte, error) {
 			n := w.value(r.value)
 			return n.val, n.err
 		case r.kind == replyLocked && f.start == nil:
-			if w.waited {
-				c.stats.takeovers.Add(1)
-			}
+			w.takeover()
 			w.end() // our own value needs no notification
 			return c.hold(f, r.pttl)
 		case r.kind == replyLocked && w.own.Load() && r.pttl >= 0:
@@ -338,17 +340,19 @@ func (c *Client) pursue(f *flight, w *wait, a *attempt) ([]byte, error) {
 			// the producer still at work.
 			r = reply{kind: replyBusy, pttl: r.pttl, holder: f.token}
 		case r.kind == replyLocked:
-			if w.waited {
-				c.stats.takeovers.Add(1)
+			// External-producer mode: we took the lock, or took it again
+			// after it expired. Start the work, unless nobody wants it.
+			if c.flights.callers(f) == 0 {
+				w.own.Store(true) // end releases it
+				return nil, errAbandoned
 			}
+			w.takeover()
 			if err := c.startExternal(f); err != nil {
 				return nil, err
 			}
-			// Wait for the external producer as for any other holder.
 			r = reply{kind: replyBusy, pttl: c.lockTTL, holder: f.token}
 		}
-		n := w.wait(r)
-		if !n.again {
+		if n := w.wait(r); !n.again {
 			return n.val, n.err
 		}
 	}
@@ -359,7 +363,7 @@ func (c *Client) lookupFailed(f *flight, err error) ([]byte, error) {
 	if f.ctx.Err() != nil {
 		return nil, c.ended()
 	}
-	if c.failOpen && f.fetch != nil && isOutage(err) && c.flights.hold(f, &c.callbacks) {
+	if c.failOpen && f.fetch != nil && isOutage(err) && c.flights.hold(f, &c.callbacks, &c.holders) {
 		c.stats.failOpen.Add(1)
 		return c.compute(f, nil, 0)
 	}
@@ -393,12 +397,14 @@ func (c *Client) notifyWait(f *flight, holder string) {
 // Close releases the locks this client holds, so waiters elsewhere take over
 // at once, cancels the context of running fetches and waits for them to
 // return, and closes the pub/sub connection. Callers still waiting get
-// ErrClosed at once. Close does not close the redis client.
+// ErrClosed at once; a caller whose context has no Done channel may be in
+// its first lookup, on its own goroutine, and returns when that lookup
+// does. Close does not close the redis client.
 //
 // Calls to Redis that Close makes or waits for are bounded: if Redis does
-// not answer, Close returns after about a second, and calls still blocked
-// in go-redis end with go-redis's own timeouts (or when the redis client is
-// closed).
+// not answer, Close returns after about a second. Close does not wait for
+// lookups that hold no lock; they, and calls still blocked in go-redis, end
+// with go-redis's own timeouts (or when the redis client is closed).
 //
 // Close is safe to call more than once and concurrently; every call returns
 // when the client is closed. Called from inside fetch, start or OnWait, it
@@ -431,7 +437,7 @@ func (c *Client) Close() error {
 func (c *Client) shutdown() {
 	c.callbacks.Wait() // fetches see their cancelled context and return
 	deadline := time.Now().Add(closeWait)
-	waitTimeout(&c.wg, time.Until(deadline))
+	waitTimeout(&c.holders, time.Until(deadline)) // held locks released
 	c.sub.close(time.Until(deadline))
 	c.outage.close(time.Until(deadline))
 	close(c.closed)

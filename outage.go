@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,7 +34,7 @@ type outage struct {
 // probeEvery is how often the probe PINGs an unreachable Redis; each PING
 // is bounded by probeTimeout (dial and retries; go-redis bounds the read).
 const (
-	probeEvery   = 200 * time.Millisecond
+	probeEvery   = 500 * time.Millisecond
 	probeTimeout = 500 * time.Millisecond
 )
 
@@ -45,10 +46,24 @@ func newOutage(rdb redis.UniversalClient, stats *counters) *outage {
 // otherwise. It is one atomic load.
 func (o *outage) err() error {
 	if p := o.cause.Load(); p != nil {
-		return fmt.Errorf("%w: unreachable (checking again every %v): %w", ErrRedis, o.every, *p)
+		return &unreachableError{cause: *p, every: o.every}
 	}
 	return nil
 }
+
+// unreachableError is what Get returns during an outage: ErrRedis, and the
+// error that started or continued it.
+type unreachableError struct {
+	cause error
+	every time.Duration
+}
+
+func (e *unreachableError) Error() string {
+	cause := strings.TrimPrefix(e.cause.Error(), ErrRedis.Error()+": ")
+	return fmt.Sprintf("%v: unreachable, probed every %v: %s", ErrRedis, e.every, cause)
+}
+
+func (e *unreachableError) Unwrap() []error { return []error{ErrRedis, e.cause} }
 
 // report looks at an error from a Redis call. If it says Redis is
 // unreachable, the outage starts and the probe runs until Redis answers.

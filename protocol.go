@@ -103,7 +103,7 @@ type reply struct {
 // protocol makes the protocol's calls for one tag. Acquire goes through the
 // batcher; the others are rare enough to go straight to Redis.
 type protocol struct {
-	rdb   redis.Scripter
+	rdb   redis.UniversalClient
 	keys  KeyScheme
 	batch *batcher
 }
@@ -168,10 +168,20 @@ func (p *protocol) store(ctx context.Context, id, token string, val []byte, ttl 
 }
 
 // release deletes the lock if it still holds token, and publishes event.
-func (p *protocol) release(ctx context.Context, id, token, event string) error {
-	err := releaseScript.Run(ctx, p.rdb, []string{p.keys.Lock(id)}, token, p.keys.Events(id), event).Err()
+// It reports whether it did.
+func (p *protocol) release(ctx context.Context, id, token, event string) (bool, error) {
+	n, err := releaseScript.Run(ctx, p.rdb, []string{p.keys.Lock(id)}, token, p.keys.Events(id), event).Int()
 	if err != nil {
-		return fmt.Errorf("%w: releasing %s: %w", ErrRedis, quote(p.keys.Lock(id)), err)
+		return false, fmt.Errorf("%w: releasing %s: %w", ErrRedis, quote(p.keys.Lock(id)), err)
+	}
+	return n == 1, nil
+}
+
+// abandoned tells waiters that the lock with token is gone, whoever holds
+// the lock now: waiters of another holder ignore it.
+func (p *protocol) abandoned(ctx context.Context, id, token string) error {
+	if err := p.rdb.Publish(ctx, p.keys.Events(id), abandonEvent(token)).Err(); err != nil {
+		return fmt.Errorf("%w: publishing on %s: %w", ErrRedis, quote(p.keys.Events(id)), err)
 	}
 	return nil
 }

@@ -61,7 +61,7 @@ type subscriber struct {
 	sent     map[string]struct{}            // channels subscribed on the current connection
 	unmarked []*watch                       // watches that need a marker PING
 	marked   []*watch                       // watches whose marker is out, in marker order
-	acks     []ack                          // acknowledgements due on the current connection, in order
+	acks     []sentCmd                      // commands whose replies are due on the current connection, in order
 	gen      uint64                         // the current connection; every replacement adds one
 	broken   bool                           // the current connection failed: replace it
 	probe    bool                           // a probe PING is due
@@ -85,19 +85,26 @@ type watch struct {
 	live     bool
 	reread   bool
 	messages []*redis.Message
-	closed   bool // the subscriber was closed
-	gone     bool // unwatched
+	err      error // Redis refused to subscribe a channel of the watch
+	closed   bool  // the subscriber was closed
+	gone     bool  // unwatched
 }
 
 // events is what a watch has collected since the last call to take.
 type events struct {
 	reread   bool
 	messages []*redis.Message
+	err      error
 	closed   bool
 }
 
-// ack is a subscription acknowledgement the connection owes us.
-type ack struct{ kind, channel string }
+// sentCmd is a SUBSCRIBE or UNSUBSCRIBE the connection owes replies for:
+// one acknowledgement per channel, in order, or one error reply.
+type sentCmd struct {
+	kind     string
+	channels []string
+	acked    int
+}
 
 const markerPrefix = "memolock:"
 
@@ -155,6 +162,8 @@ func (s *subscriber) watch(onValue func(string), channels ...string) *watch {
 		if ws == nil {
 			ws = make(map[*watch]struct{})
 			s.watches[ch] = ws
+		}
+		if _, ok := s.sent[ch]; !ok {
 			s.dirty[ch] = struct{}{}
 		}
 		ws[w] = struct{}{}
@@ -190,7 +199,7 @@ func (s *subscriber) unwatch(w *watch) {
 func (s *subscriber) take(w *watch) events {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ev := events{reread: w.reread, messages: w.messages, closed: w.closed}
+	ev := events{reread: w.reread, messages: w.messages, err: w.err, closed: w.closed}
 	w.reread, w.messages = false, nil
 	return ev
 }
@@ -335,11 +344,11 @@ func (s *subscriber) plan() plan {
 		}
 	}
 	clear(s.dirty)
-	for _, ch := range p.sub {
-		s.acks = append(s.acks, ack{"subscribe", ch})
+	if len(p.sub) > 0 {
+		s.acks = append(s.acks, sentCmd{kind: "subscribe", channels: p.sub})
 	}
-	for _, ch := range p.unsub {
-		s.acks = append(s.acks, ack{"unsubscribe", ch})
+	if len(p.unsub) > 0 {
+		s.acks = append(s.acks, sentCmd{kind: "unsubscribe", channels: p.unsub})
 	}
 	for _, w := range s.unmarked {
 		if w.gone {
@@ -424,6 +433,10 @@ func (s *subscriber) read(ps *redis.PubSub, gen uint64) {
 	probing := false // a probe is out and nothing has arrived since
 	for {
 		msg, err := ps.ReceiveTimeout(context.Background(), s.health)
+		var reply redis.Error
+		if errors.As(err, &reply) && s.refused(gen, err) {
+			continue // an error reply, not a broken connection
+		}
 		if err != nil {
 			var nerr net.Error
 			if errors.As(err, &nerr) && nerr.Timeout() && !probing {
@@ -493,18 +506,51 @@ func (s *subscriber) deliver(gen uint64, msg any) bool {
 		}
 		s.marked = s.marked[n:]
 	case *redis.Subscription:
-		if len(s.acks) == 0 || s.acks[0] != (ack{m.Kind, m.Channel}) {
+		if len(s.acks) == 0 || s.acks[0].kind != m.Kind || s.acks[0].channels[s.acks[0].acked] != m.Channel {
 			// go-redis subscribed again on a new connection of its own.
 			s.mu.Unlock()
 			return false
 		}
-		s.acks = s.acks[1:]
+		if s.acks[0].acked++; s.acks[0].acked == len(s.acks[0].channels) {
+			s.acks = s.acks[1:]
+		}
 	}
 	s.mu.Unlock()
 	// The value's callers first: waking the waits' own goroutines can wait.
 	for _, f := range onValue {
 		f(payload)
 	}
+	for _, w := range poke {
+		w.poke()
+	}
+	return true
+}
+
+// refused handles an error reply read on connection gen: Redis refused the
+// command whose replies are due next (NOPERM for a SUBSCRIBE, say). The
+// watches of a refused SUBSCRIBE get the error. It returns false if the
+// reply cannot be matched to a command: the connection must start again.
+func (s *subscriber) refused(gen uint64, err error) bool {
+	s.mu.Lock()
+	if gen != s.gen || len(s.acks) == 0 || s.acks[0].acked != 0 {
+		s.mu.Unlock()
+		return false
+	}
+	cmd := s.acks[0]
+	s.acks = s.acks[1:]
+	var poke []*watch
+	if cmd.kind == "subscribe" {
+		for _, ch := range cmd.channels {
+			delete(s.sent, ch)
+			for w := range s.watches[ch] {
+				if w.err == nil {
+					w.err = err
+					poke = append(poke, w)
+				}
+			}
+		}
+	}
+	s.mu.Unlock()
 	for _, w := range poke {
 		w.poke()
 	}

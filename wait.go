@@ -97,6 +97,11 @@ func (w *wait) onEvents(ev events) (next, bool) {
 	if ev.closed {
 		return next{err: ErrClosed}, true
 	}
+	if ev.err != nil {
+		// Redis refused the subscription (NOPERM, say): no value will
+		// come this way.
+		return next{err: fmt.Errorf("%w: subscribing to %s: %w", ErrRedis, quote(w.c.keys.Notif(w.f.key)), ev.err)}, true
+	}
 	notif := w.c.keys.Notif(w.f.key)
 	for _, m := range ev.messages {
 		if m.Channel == notif {
@@ -159,14 +164,16 @@ func (w *wait) value(v []byte) next {
 	return next{val: v}
 }
 
-// again asks for another lookup, unless nobody is left to want it: a flight
-// that holds its own lock outlives its callers, but does not start the work
-// again for nobody.
+// again asks for another lookup.
 func (w *wait) again() next {
-	if w.own.Load() && w.c.flights.callers(w.f) == 0 {
-		return next{err: errAbandoned}
-	}
 	return next{again: true}
+}
+
+// takeover counts a lock taken after waiting for another holder.
+func (w *wait) takeover() {
+	if w.waited {
+		w.c.stats.takeovers.Add(1)
+	}
 }
 
 // release deletes the flight's own lock, publishing event.
@@ -192,11 +199,12 @@ func (w *wait) end() {
 	}
 }
 
-// release deletes f's lock if it still holds f's token, and publishes event.
-// A failure is harmless: the lock expires by itself. It is bounded, as it
-// may run while Close waits.
-func (c *Client) release(f *flight, event string) {
+// release deletes f's lock if it still holds f's token, and publishes event;
+// it reports whether it did. A failure is harmless: the lock expires by
+// itself. It is bounded, as it may run while Close waits.
+func (c *Client) release(f *flight, event string) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(f.ctx), closeWait)
 	defer cancel()
-	_ = c.proto.release(ctx, f.key, f.token, event)
+	released, _ := c.proto.release(ctx, f.key, f.token, event)
+	return released
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -346,4 +347,130 @@ func TestClose_ReleasesExternalProducerLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	within(t, 5*time.Second, got, "taken over", "the waiter, lock TTL 30s")
+}
+
+// The winner of an external-producer flight keeps its lock after its only
+// caller left, through its subscription going live, until the value comes:
+// the work starts once.
+func TestGetExternal_WinnerKeepsItsLockUntilTheValueComes(t *testing.T) {
+	b := realBackend(t)
+	opts := &Options{LockTTL: 30 * time.Second}
+	a := newTestClient(t, b.addr, "ext4", opts)
+	other := newTestClient(t, b.addr, "ext4", opts)
+	raw := rawClient(t, b.addr)
+	var starts atomic.Int64
+	start := func(ctx context.Context, l *Lease) error {
+		starts.Add(1)
+		time.Sleep(200 * time.Millisecond) // a slow hand-off
+		go func() {
+			time.Sleep(time.Second) // and a slower producer
+			raw.Set(bg(), "ext4:q", "pdf", time.Minute)
+			raw.Publish(bg(), "ext4/notif:q", "pdf")
+		}()
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(bg(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := a.GetExternal(ctx, "q", start); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("leaving caller: %v", err)
+	}
+	eventually(t, 5*time.Second, "the winner to start", func() bool { return starts.Load() == 1 })
+	wctx, wcancel := context.WithTimeout(bg(), 10*time.Second)
+	defer wcancel()
+	v, err := other.GetExternal(wctx, "q", start)
+	if err != nil || string(v) != "pdf" {
+		t.Errorf("waiter elsewhere: %q, %v", v, err)
+	}
+	if n := starts.Load(); n != 1 {
+		t.Errorf("the external work started %d times", n)
+	}
+}
+
+// A store that fails tells waiters elsewhere at once, instead of leaving
+// them to the lock TTL: with the error when nothing was stored, or by
+// having them look again when the script stored the value and then failed
+// (here Redis's ACL refuses its PUBLISH).
+func TestGet_StoreFailureReachesWaitersPromptly(t *testing.T) {
+	cases := []struct {
+		name string
+		acl  string                    // the holder's ACL rules, if any
+		fail func(f *redistest.Faults) // breaks the holder's store
+		want string                    // in what the waiter gets
+	}{
+		{"store never sent", "", func(f *redistest.Faults) { f.FailWrites("sf/notif:k") }, "injected write failure"},
+		{"PUBLISH refused", "~* &sf/lock-event:*", nil, "v"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			f := &redistest.Faults{}
+			tune := func(o *redis.Options) { o.MaxRetries = -1 }
+			if tc.acl != "" {
+				args := []any{"ACL", "SETUSER", "app", "on", ">pw", "+@all"}
+				for _, rule := range strings.Fields(tc.acl) {
+					args = append(args, rule)
+				}
+				srv.Do(t, args...)
+				tune = func(o *redis.Options) { o.Username, o.Password = "app", "pw" }
+			}
+			opts := &Options{LockTTL: 30 * time.Second}
+			holder := newFaultClient(t, srv.Addr, "sf", opts, f, tune)
+			waiter := newTestClient(t, srv.Addr, "sf", opts)
+			looks := countLookups(waiter.rdb, "sf:k")
+
+			started, release := make(chan struct{}, 1), make(chan struct{})
+			held := make(chan string, 1)
+			go func() {
+				v, err := holder.Get(bg(), "k", blockingFetch(started, release, "v"))
+				held <- fmt.Sprint(string(v), " ", err)
+			}()
+			select {
+			case <-started:
+			case h := <-held:
+				t.Fatalf("holder: %s", h)
+			}
+			got := getAsync(waiter, bg(), "k", noFetch)
+			parkedAndLive(t, looks, 2)
+			if tc.fail != nil {
+				tc.fail(f)
+			}
+			close(release)
+			within(t, 5*time.Second, held, "v <nil>", "the holder's caller")
+			select {
+			case v := <-got:
+				if !strings.Contains(v, tc.want) {
+					t.Errorf("waiter got %q, want %q", v, tc.want)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("waiter not told of the failed store (lock TTL 30s)")
+			}
+			if n := holder.Stats().StoreErrors; n != 1 {
+				t.Errorf("StoreErrors = %d", n)
+			}
+		})
+	}
+}
+
+// A subscription that Redis refuses (an ACL user without channel
+// permissions, Redis 7's default) ends the wait with the error at once.
+func TestGet_RefusedSubscriptionIsAnError(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Do(t, "ACL", "SETUSER", "app", "on", ">pw", "~*", "+@all", "resetchannels")
+	raw := rawClient(t, srv.Addr)
+	raw.Set(bg(), "acl/lock:k", "someone", 30*time.Second)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "app", Password: "pw"})
+	c, err := New(rdb, "acl", &Options{LockTTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close(); _ = rdb.Close() }()
+	ctx, cancel := context.WithTimeout(bg(), 5*time.Second)
+	defer cancel()
+	_, err = c.Get(ctx, "k", noFetch)
+	if !errors.Is(err, ErrRedis) || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("Get = %v, want ErrRedis with NOPERM well before the 30s lock TTL", err)
+	}
+	if n := c.Stats().Reconnects; n != 0 {
+		t.Errorf("%d reconnects: a refusal is not a broken connection", n)
+	}
 }

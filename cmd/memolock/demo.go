@@ -50,8 +50,8 @@ func demo(args []string, stdout, stderr io.Writer) int {
 		opts.Addr = m.Addr()
 	} else {
 		var err error
-		if opts, err = redis.ParseURL(*redisURL); err != nil {
-			fmt.Fprintf(stderr, "memolock demo: --redis %s is not a valid Redis URL\n", redact(*redisURL))
+		if opts, err = parseRedisURL(*redisURL); err != nil {
+			fmt.Fprintf(stderr, "memolock demo: --redis %v\n", err)
 			return 2
 		}
 		where = redact(*redisURL)

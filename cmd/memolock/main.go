@@ -19,7 +19,6 @@ import (
 	"io"
 	"net/url"
 	"os"
-	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -57,45 +56,50 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 2
 }
 
-// redact returns a Redis URL fit for output: without its password, be it
-// in the user info (a lone user name is redis-cli's password form, as in
-// redis://secret@host) or in the query (?password=...), and withheld
-// entirely if it does not parse (the parse error would quote it).
+// parseRedisURL parses a --redis URL. Only redis://, rediss:// and
+// unix:// URLs with a host (or socket path) are taken: go-redis reads other
+// forms, such as "user:pass@host" or a bare word, as localhost:6379. Its
+// errors never quote the URL.
+func parseRedisURL(raw string) (*redis.Options, error) {
+	if redact(raw) == withheld {
+		return nil, fmt.Errorf("%s is not of the form redis://[user:password@]host:port/db", withheld)
+	}
+	opts, err := redis.ParseURL(raw)
+	if err != nil {
+		// The parse error may quote the URL, password and all.
+		return nil, fmt.Errorf("%s is not a valid Redis URL", redact(raw))
+	}
+	return opts, nil
+}
+
+const withheld = "(URL withheld)"
+
+// redact returns a Redis URL fit for output: its scheme, host and path
+// (the database, or a unix socket), with "xxxxx" for whatever user info
+// it has (a lone user name is redis-cli's password form, as in
+// redis://secret@host) and every query parameter's value. Anything else,
+// a URL without a scheme and host say, is withheld entirely: go-redis
+// reads "user:pass@host" and bare words in ways that may hide a secret.
 func redact(raw string) string {
 	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparseable URL withheld)"
+	if err != nil || u.Opaque != "" || u.Fragment != "" ||
+		(u.Scheme != "redis" && u.Scheme != "rediss" && u.Scheme != "unix") ||
+		(u.Host == "" && u.Scheme != "unix") {
+		return withheld
 	}
+	out := url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}
 	if u.User != nil {
-		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-		} else {
-			u.User = url.User("xxxxx")
-		}
+		out.User = url.User("xxxxx")
 	}
 	if u.RawQuery != "" {
 		q, err := url.ParseQuery(u.RawQuery)
 		if err != nil {
-			u.RawQuery = "(withheld)"
-		} else {
-			for k := range q {
-				if secretParam(k) {
-					q[k] = []string{"xxxxx"}
-				}
-			}
-			u.RawQuery = q.Encode()
+			return withheld
 		}
-	}
-	return u.String()
-}
-
-// secretParam reports whether a URL query parameter may carry a secret.
-func secretParam(name string) bool {
-	name = strings.ToLower(name)
-	for _, s := range []string{"pass", "secret", "token", "auth", "key", "cred"} {
-		if strings.Contains(name, s) {
-			return true
+		for k := range q {
+			q[k] = []string{"xxxxx"}
 		}
+		out.RawQuery = q.Encode()
 	}
-	return false
+	return out.String()
 }

@@ -197,6 +197,11 @@ func TestRun_PasswordNeverPrinted(t *testing.T) {
 		{[]string{"MEMOLOCK_REDIS=redis://u:s3cret-pw@127.0.0.1:1"}, []string{"run", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"}},
 		{[]string{"MEMOLOCK_REDIS=redis://u:s3cret-pw@127.0.0.1:1"}, []string{"run", "-h"}},
 		{[]string{"MEMOLOCK_REDIS=redis://u:s3cret-pw@127.0.0.1:1"}, []string{"run", "--bogus-flag"}},
+		{nil, []string{"run", "--redis", "default:s3cret-pw@127.0.0.1:1", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"}},
+		{nil, []string{"run", "--redis", "redis:s3cret-pw@127.0.0.1:1", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"}},
+		{nil, []string{"run", "--redis", "s3cret-pw", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"}},
+		{nil, []string{"run", "--redis", "redis://127.0.0.1:1/0?pwd=s3cret-pw", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"}},
+		{nil, []string{"demo", "--redis", "redis:s3cret-pw@127.0.0.1:1", "--clients", "1", "--goroutines", "1"}},
 		{nil, []string{"demo", "--redis", "redis://user:s3cret-pw@127.0.0.1:1/0", "--clients", "1", "--goroutines", "1"}},
 		{nil, []string{"demo", "--redis", "redis://s3cret-pw@127.0.0.1:1/0", "--clients", "1", "--goroutines", "1"}},
 	}

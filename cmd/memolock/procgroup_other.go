@@ -12,8 +12,8 @@ import (
 
 func newGroup(cmd *exec.Cmd) {}
 
-func signalGroup(pgid int, sig syscall.Signal) error {
-	p, err := os.FindProcess(pgid)
+func signalGroup(target int, sig syscall.Signal) error {
+	p, err := os.FindProcess(max(target, -target))
 	if err != nil {
 		return err
 	}

@@ -14,8 +14,10 @@ func newGroup(cmd *exec.Cmd) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 }
 
-func signalGroup(pgid int, sig syscall.Signal) error {
-	return syscall.Kill(-pgid, sig)
+// signalGroup sends sig to target as kill(2) takes it: a process, or with
+// a minus sign a process group.
+func signalGroup(target int, sig syscall.Signal) error {
+	return syscall.Kill(target, sig)
 }
 
 // groupAlive reports whether any process of group pgid is left.

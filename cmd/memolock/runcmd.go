@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/term"
 
 	"github.com/memolock/memolock"
 )
@@ -100,10 +101,9 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		*redisURL = defaultRedisURL
 	}
 
-	opts, err := redis.ParseURL(*redisURL)
+	opts, err := parseRedisURL(*redisURL)
 	if err != nil {
-		// The parse error may quote the URL, password and all.
-		fmt.Fprintf(stderr, "memolock run: --redis %s is not a valid Redis URL\n", redact(*redisURL))
+		fmt.Fprintf(stderr, "memolock run: --redis %v\n", err)
 		return exitUsage
 	}
 	rdb := redis.NewClient(opts)
@@ -144,15 +144,15 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		se *startError
 	)
 	switch {
-	case sig.caught() != 0:
-		fmt.Fprintf(stderr, "memolock run: interrupted by %v\n", sig.caught())
-		return exitSignalBase + int(sig.caught())
 	case err == nil:
 		if _, err := stdout.Write(out); err != nil {
 			fmt.Fprintf(stderr, "memolock run: writing output: %v\n", err)
 			return exitFailure
 		}
 		return 0
+	case sig.caught() != 0:
+		fmt.Fprintf(stderr, "memolock run: interrupted by %v\n", sig.caught())
+		return exitSignalBase + int(sig.caught())
 	case errors.As(err, &ee):
 		_, _ = stdout.Write(partial)
 		if ee.signal != 0 {
@@ -173,25 +173,33 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	return exitFailure
 }
 
-// runGroup runs argv in a process group of its own and returns its
-// standard output. If ctx ends (Close) or a signal arrives, it stops the
-// whole group, SIGTERM then SIGKILL after killGrace (at once on a second
-// signal), and returns only once every process of the group is gone.
+// runGroup runs argv and returns its standard output. The command runs in
+// a process group of its own, unless memolock runs on a terminal, where
+// the command must stay in the terminal's foreground group to read from it
+// (as with timeout --foreground). If ctx ends (Close) or a signal arrives,
+// runGroup stops the command, its whole group if it has one: SIGTERM, then
+// SIGKILL after killGrace (at once on a second signal). It returns only
+// once every process of the group is gone.
 func runGroup(ctx context.Context, sig *signals, argv []string, stderr io.Writer) ([]byte, error) {
-	// Our own pipe rather than exec's: after stopping the group we must not
-	// wait for a process that left it and holds the pipe open.
+	select {
+	case <-ctx.Done():
+		return nil, errInterrupted
+	case <-sig.first:
+		return nil, errInterrupted
+	default:
+	}
+	// Our own pipe rather than exec's: after stopping the command we must
+	// not wait for a process that holds the pipe open.
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, w, stderr
-	newGroup(cmd)
-	err = cmd.Start()
+	group := !interactive()
+	cmd, err := start(argv, w, stderr, group)
 	w.Close()
 	if err != nil {
-		return nil, classifyStart(err)
+		return nil, err
 	}
 	var buf bytes.Buffer
 	read := make(chan struct{})
@@ -201,47 +209,108 @@ func runGroup(ctx context.Context, sig *signals, argv []string, stderr io.Writer
 	}()
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	select {
-	case err := <-exited:
-		<-read // all of the output, as a shell's $(...) has it
-		return buf.Bytes(), exitErr(err)
-	case <-ctx.Done():
-	case <-sig.first:
+
+	// All of the output, as a shell's $(...) has it: the command's exit,
+	// and the end of its output, which processes it left behind may hold.
+	var (
+		waitErr    error
+		leaderDone bool
+		reading    = read
+	)
+	for !leaderDone || reading != nil {
+		select {
+		case waitErr = <-exited:
+			leaderDone, exited = true, nil
+		case <-reading:
+			reading = nil
+		case <-ctx.Done():
+			return stop(cmd.Process.Pid, group, exited, sig.second, r, read, &buf)
+		case <-sig.first:
+			return stop(cmd.Process.Pid, group, exited, sig.second, r, read, &buf)
+		}
 	}
-	stopGroup(cmd.Process.Pid, exited, sig.second)
+	return buf.Bytes(), exitErr(waitErr)
+}
+
+// start starts argv with stdout and stderr, in a process group of its own
+// if group is set. A file that is executable but no binary runs with
+// /bin/sh, as a shell would run it.
+func start(argv []string, stdout *os.File, stderr io.Writer, group bool) (*exec.Cmd, error) {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
+	if group {
+		newGroup(cmd)
+	}
+	err := cmd.Start()
+	if errors.Is(err, syscall.ENOEXEC) {
+		return start(append([]string{"/bin/sh", cmd.Path}, argv[1:]...), stdout, stderr, group)
+	}
+	if err != nil {
+		return nil, classifyStart(err)
+	}
+	return cmd, nil
+}
+
+// stop stops the command whose leader is pid (its group, if group),
+// whose exit is yet to come on exited (nil if it came), and returns its
+// output so far.
+func stop(pid int, group bool, exited <-chan error, force <-chan struct{}, r *os.File, read <-chan struct{}, buf *bytes.Buffer) ([]byte, error) {
+	stopGroup(pid, group, exited, force)
 	r.Close()
 	<-read
 	return buf.Bytes(), errInterrupted
 }
 
-// stopGroup stops process group pgid, whose leader reports on exited:
-// SIGTERM, then SIGKILL after killGrace or when force is closed. It returns
-// once no process of the group is left.
-func stopGroup(pgid int, exited <-chan error, force <-chan struct{}) {
-	_ = signalGroup(pgid, syscall.SIGTERM)
+// stopGroup stops the command whose leader is pid: its whole group if
+// group is set. SIGTERM, then SIGKILL after killGrace or when force is
+// closed. It returns once the leader has exited (exited yields, or is nil)
+// and, with a group, no process of the group is left.
+func stopGroup(pid int, group bool, exited <-chan error, force <-chan struct{}) {
+	target := pid
+	if group {
+		target = -pid
+	}
+	leaderDone := exited == nil
+	if leaderDone && !group {
+		return // and pid may be somebody else's by now
+	}
+	_ = signalGroup(target, syscall.SIGTERM)
 	grace := time.NewTimer(killGrace)
 	defer grace.Stop()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
-	leaderDone := false
 	for {
 		select {
 		case <-exited:
 			leaderDone, exited = true, nil
 		case <-grace.C:
-			_ = signalGroup(pgid, syscall.SIGKILL)
+			_ = signalGroup(target, syscall.SIGKILL)
 		case <-force:
 			force = nil
-			_ = signalGroup(pgid, syscall.SIGKILL)
+			_ = signalGroup(target, syscall.SIGKILL)
 		case <-tick.C:
 		}
-		if leaderDone {
-			reapOrphans()
-			if !groupAlive(pgid) {
-				return
-			}
+		if !leaderDone {
+			continue
+		}
+		if !group {
+			return
+		}
+		reapOrphans()
+		if !groupAlive(pid) {
+			return
 		}
 	}
+}
+
+// interactive reports whether memolock runs on a terminal.
+func interactive() bool {
+	for _, f := range []*os.File{os.Stdin, os.Stdout, os.Stderr} {
+		if term.IsTerminal(int(f.Fd())) {
+			return true
+		}
+	}
+	return false
 }
 
 // exitErr turns what cmd.Wait returned into the command's exit status.
@@ -268,8 +337,8 @@ func classifyStart(err error) error {
 	return &startError{code: exitCannotExec, err: err}
 }
 
-// signals tracks SIGINT and SIGTERM: the first cancels ctx and closes
-// first, a second closes second.
+// signals tracks SIGINT, SIGTERM, SIGHUP and SIGQUIT: the first cancels ctx
+// and closes first, a second closes second.
 type signals struct {
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -286,7 +355,7 @@ type signals struct {
 func catchSignals() *signals {
 	s := &signals{ch: make(chan os.Signal, 2), first: make(chan struct{}), second: make(chan struct{}), done: make(chan struct{})}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	signal.Notify(s.ch, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(s.ch, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()

@@ -22,6 +22,7 @@ type Faults struct {
 
 	mu        sync.Mutex
 	failWrite []byte // the next pub/sub write containing it fails
+	failAll   []byte // every write containing it fails
 	dropReply []byte // the reply to the next command containing it is lost
 	swallow   []byte // replies to every command containing it never come
 	pause     *gate  // the next pub/sub read containing pause.match waits
@@ -77,6 +78,17 @@ func (f *Faults) FailPubSubWrite(match string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.failWrite = bytes.ToLower([]byte(match))
+}
+
+// FailWrites makes every write containing match fail with ErrInjected,
+// without sending anything, on any connection. An empty match ends it.
+func (f *Faults) FailWrites(match string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.failAll = nil
+	if match != "" {
+		f.failAll = bytes.ToLower([]byte(match))
+	}
 }
 
 // DropReply loses the reply to the next command containing match: the
@@ -147,6 +159,7 @@ func (c *faultConn) Write(b []byte) (int, error) {
 	if fail {
 		f.failWrite = nil
 	}
+	fail = fail || f.failAll != nil && bytes.Contains(low, f.failAll)
 	if f.dropReply != nil && bytes.Contains(low, f.dropReply) {
 		f.dropReply = nil
 		c.drop.Store(true)

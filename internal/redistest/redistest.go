@@ -77,6 +77,7 @@ func freePort() (int, error) {
 func (s *Server) start() error {
 	cmd := exec.Command(s.bin, s.args...)
 	cmd.Dir = s.dir
+	dieWithParent(cmd)
 	log, err := os.Create(s.dir + "/redis.log")
 	if err != nil {
 		return err
