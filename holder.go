@@ -14,13 +14,21 @@ import (
 // lock's remaining time when the lock was found already ours (a retried
 // lookup whose first reply was lost), or negative when just taken.
 func (c *Client) hold(f *flight, pttl time.Duration) ([]byte, error) {
-	if !c.flights.hold(f, &c.callbacks, &c.holders) {
-		// Every caller left, or Close began: somebody elsewhere may already
-		// wait on this lock, so hand it over.
-		c.release(f, abandonEvent(f.token))
-		return nil, c.ended()
+	if err := c.take(f); err != nil {
+		return nil, err
 	}
 	return c.compute(f, c.lease(f), pttl)
+}
+
+// take makes f a holder of the lock it took, about to run a user function
+// under it. If every caller left, or Close began, it hands the lock over
+// instead: somebody elsewhere may already wait on it.
+func (c *Client) take(f *flight) error {
+	if !c.flights.hold(f, &c.callbacks, &c.holders) {
+		c.release(f, abandonEvent(f.token))
+		return c.ended()
+	}
+	return nil
 }
 
 func (c *Client) lease(f *flight) *Lease {
@@ -150,9 +158,8 @@ func (c *Client) store(f *flight, val []byte, ttl time.Duration, closing bool) e
 // startExternal runs start under the flight's lock. The flight then holds
 // the lock: its callers leaving cancel neither start nor the wait.
 func (c *Client) startExternal(f *flight) error {
-	if !c.flights.hold(f, &c.callbacks, &c.holders) {
-		c.release(f, abandonEvent(f.token))
-		return c.ended()
+	if err := c.take(f); err != nil {
+		return err
 	}
 	c.stats.fetches.Add(1)
 	var err error
