@@ -126,9 +126,21 @@ func TestGet_WorksOnClusterWithHashTaggedIDs(t *testing.T) {
 	if calls.Load() != 10 {
 		t.Errorf("10 keys fetched %d times", calls.Load())
 	}
-	// Without a hash tag the script's two keys are in different slots.
-	_, err := cs[0].Get(bg(), "plain", constFetch(&calls, "v", 0))
-	if !errors.Is(err, ErrRedis) || !strings.Contains(err.Error(), "CROSSSLOT") {
-		t.Errorf("un-tagged id on a cluster: %v, want ErrRedis naming CROSSSLOT", err)
+	// Without a hash tag the script's two keys are in different slots:
+	// an error reply, which FailOpen does not hide.
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr}})
+	failOpen, err := New(rdb, "cl", &Options{FailOpen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = failOpen.Close(); _ = rdb.Close() })
+	for _, c := range []*Client{cs[0], failOpen} {
+		_, err := c.Get(bg(), "plain", constFetch(&calls, "v", 0))
+		if !errors.Is(err, ErrRedis) || !strings.Contains(err.Error(), "CROSSSLOT") {
+			t.Errorf("un-tagged id on a cluster: %v, want ErrRedis naming CROSSSLOT", err)
+		}
+	}
+	if calls.Load() != 10 {
+		t.Errorf("fetch ran on a CROSSSLOT error")
 	}
 }

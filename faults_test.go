@@ -233,7 +233,7 @@ func TestGet_WatchdogKeepsSlowFetchLocked(t *testing.T) {
 				t.Errorf("Get = %q, %v", v, err)
 			}
 		}()
-		time.Sleep(50 * time.Millisecond)
+		eventually(t, 5*time.Second, "the first client to compute", func() bool { return calls.Load() == 1 })
 	}
 	wg.Wait()
 	if calls.Load() != 1 {

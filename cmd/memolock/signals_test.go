@@ -212,12 +212,14 @@ func TestRun_CommandReadsTheTerminal(t *testing.T) {
 func TestRun_SecondSignalForces(t *testing.T) {
 	srv := redistest.Start(t)
 	dir := t.TempDir()
-	started := filepath.Join(dir, "started")
+	started, termed := filepath.Join(dir, "started"), filepath.Join(dir, "termed")
+	// The command shrugs SIGTERM off, noting that it came.
 	holder := startMemolock(t, "run", "--redis", "redis://"+srv.Addr, "--tag", "sig2", "--id", "k", "--ttl", "1m",
-		"--", "sh", "-c", fmt.Sprintf(`trap '' TERM; touch %s; while :; do sleep 0.05; done`, started))
-	eventually(t, 5*time.Second, "the command to start", func() bool { _, err := os.Stat(started); return err == nil })
+		"--", "sh", "-c", fmt.Sprintf(`trap 'touch %s' TERM; touch %s; while :; do sleep 0.05; done`, termed, started))
+	exists := func(f string) func() bool { return func() bool { _, err := os.Stat(f); return err == nil } }
+	eventually(t, 5*time.Second, "the command to start", exists(started))
 	_ = holder.cmd.Process.Signal(syscall.SIGINT)
-	time.Sleep(100 * time.Millisecond) // the second signal must come second
+	eventually(t, 5*time.Second, "the command to get SIGTERM", exists(termed))
 	t0 := time.Now()
 	_ = holder.cmd.Process.Signal(syscall.SIGINT)
 	h := holder.wait(t, 10*time.Second, "the interrupted invocation")
