@@ -83,7 +83,13 @@ type testClient struct {
 
 func newTestClient(t testing.TB, addr, tag string, opts *Options) *testClient {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	return newTestClientOn(t, &redis.Options{Addr: addr}, tag, opts)
+}
+
+// newTestClientOn is newTestClient with the go-redis options given.
+func newTestClientOn(t testing.TB, o *redis.Options, tag string, opts *Options) *testClient {
+	t.Helper()
+	rdb := redis.NewClient(o)
 	cc := &commandCounter{}
 	rdb.AddHook(cc)
 	c, err := New(rdb, tag, opts)

@@ -1,11 +1,9 @@
 package memolock
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,23 +14,6 @@ import (
 
 	"github.com/memolock/memolock/internal/redistest"
 )
-
-// stalled reports whether the server at addr fails to answer a PING within
-// 50ms, as during DEBUG SLEEP.
-func stalled(addr string) bool {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return false
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(50 * time.Millisecond))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
-		return false
-	}
-	_, err = bufio.NewReader(c).ReadString('\n')
-	var nerr net.Error
-	return errors.As(err, &nerr) && nerr.Timeout()
-}
 
 // A caller's deadline holds whatever Redis does, with go-redis's default
 // options, which ignore context deadlines on reads: here Redis stalls for
@@ -47,7 +28,7 @@ func TestGet_DeadlineHoldsWhileRedisStalls(t *testing.T) {
 	sleeper := rawClient(t, srv.Addr)
 	slept := make(chan error, 1)
 	go func() { slept <- sleeper.Do(bg(), "DEBUG", "SLEEP", "3").Err() }()
-	eventually(t, 5*time.Second, "the server to stall", func() bool { return stalled(srv.Addr) })
+	eventually(t, 5*time.Second, "the server to stall", func() bool { return redistest.Stalled(srv.Addr) })
 
 	var wg sync.WaitGroup
 	var slow atomic.Int64
@@ -74,44 +55,10 @@ func TestGet_DeadlineHoldsWhileRedisStalls(t *testing.T) {
 	}
 }
 
-// silentServer accepts connections and never answers.
-func silentServer(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		wg.Wait()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
-	return l.Addr().String()
-}
-
 // Against a server that accepts connections and never answers, a caller's
 // deadline holds, and so does Close.
 func TestGet_DeadlineAndCloseHoldAgainstASilentServer(t *testing.T) {
-	addr := silentServer(t)
+	addr := redistest.Silent(t)
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	c, err := New(rdb, "silent", nil)
 	if err != nil {

@@ -25,18 +25,7 @@ func newFaultClient(t testing.TB, addr, tag string, opts *Options, f *redistest.
 	if tune != nil {
 		tune(o)
 	}
-	rdb := redis.NewClient(o)
-	cc := &commandCounter{}
-	rdb.AddHook(cc)
-	c, err := New(rdb, tag, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = c.Close()
-		_ = rdb.Close()
-	})
-	return &testClient{Client: c, rdb: rdb, commands: cc}
+	return newTestClientOn(t, o, tag, opts)
 }
 
 // lookups counts the acquire scripts a client ran for one value key (a

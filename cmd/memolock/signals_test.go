@@ -3,12 +3,9 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -302,63 +299,18 @@ func TestRun_WaitHoldsWhenRedisStalls(t *testing.T) {
 	defer sleeper.Close()
 	slept := make(chan error, 1)
 	go func() { slept <- sleeper.Do(context.Background(), "DEBUG", "SLEEP", "4").Err() }()
-	eventually(t, 5*time.Second, "the server to stall", func() bool { return stalled(srv.Addr) })
+	eventually(t, 5*time.Second, "the server to stall", func() bool { return redistest.Stalled(srv.Addr) })
 	inv := memolockCmd(t, nil, "run", "--redis", "redis://"+srv.Addr, "--tag", "st", "--id", "k", "--ttl", "1m", "--wait", "1s", "--", "echo", "x")
 	if inv.code != 124 || inv.took > 1800*time.Millisecond {
 		t.Errorf("exit %d after %v; want 124 after about 1s (stall 4s); stderr %q", inv.code, inv.took, inv.stderr)
 	}
 	<-slept
 
-	silent := silentServer(t)
+	silent := redistest.Silent(t)
 	inv = memolockCmd(t, nil, "run", "--redis", "redis://"+silent, "--tag", "st", "--id", "k", "--ttl", "1m", "--wait", "1s", "--", "echo", "x")
 	if inv.code != 124 || inv.took > 1800*time.Millisecond {
 		t.Errorf("silent server: exit %d after %v; want 124 after about 1s; stderr %q", inv.code, inv.took, inv.stderr)
 	}
-}
-
-// stalled reports whether the server at addr fails to answer a PING within
-// 50ms, as during DEBUG SLEEP.
-func stalled(addr string) bool {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return false
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(50 * time.Millisecond))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
-		return false
-	}
-	_, err = bufio.NewReader(c).ReadString('\n')
-	var nerr net.Error
-	return errors.As(err, &nerr) && nerr.Timeout()
-}
-
-// silentServer accepts connections and never answers.
-func silentServer(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conns []net.Conn
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			conns = append(conns, c)
-		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		<-done
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return l.Addr().String()
 }
 
 // eventually fails the test unless cond holds within d.
