@@ -46,7 +46,7 @@ func BenchmarkWakeupProcesses(b *testing.B) {
 	for i := 0; b.Loop(); i++ {
 		for k := range modes {
 			mode := modes[(i+k)%len(modes)] // rotate which goes first
-			lat[mode] = append(lat[mode], wakeRound(b, raw, children[mode], mode+strconv.Itoa(i))...)
+			lat[mode] = append(lat[mode], wakeRound(b, raw, children[mode], "wake-"+mode, strconv.Itoa(i))...)
 		}
 	}
 	p := map[string][2]time.Duration{}
@@ -59,12 +59,13 @@ func BenchmarkWakeupProcesses(b *testing.B) {
 	b.ReportMetric(float64(p["memolock"][1])/float64(p["floor"][1]), "p99-vs-floor")
 }
 
-// wakeRound parks the children's goroutines on id, publishes its value
-// once, and returns how long after the PUBLISH each returned. Only the
-// PUBLISH and the wake-up are timed.
-func wakeRound(b *testing.B, raw *redis.Client, children []*wakeChild, id string) []time.Duration {
+// wakeRound parks the children's goroutines on id of tag, publishes its
+// value once, and returns how long after the PUBLISH each returned. Only
+// the PUBLISH and the wake-up are timed. Each design has a tag of its own,
+// so that the PSUBSCRIBE design's pattern hears only its own rounds.
+func wakeRound(b *testing.B, raw *redis.Client, children []*wakeChild, tag, id string) []time.Duration {
 	b.StopTimer()
-	raw.Set(bg(), "wake/lock:"+id, "publisher", time.Minute)
+	raw.Set(bg(), tag+"/lock:"+id, "publisher", time.Minute)
 	for _, c := range children {
 		if _, err := fmt.Fprintln(c.in, "park "+id); err != nil {
 			b.Fatal(err)
@@ -75,10 +76,10 @@ func wakeRound(b *testing.B, raw *redis.Client, children []*wakeChild, id string
 			b.Fatalf("child did not park: %q %v", c.out.Text(), c.out.Err())
 		}
 	}
-	raw.Set(bg(), "wake:"+id, "v", time.Minute)
+	raw.Set(bg(), tag+":"+id, "v", time.Minute)
 	b.StartTimer()
 	t0 := time.Now().UnixNano()
-	raw.Publish(bg(), "wake/notif:"+id, "v")
+	raw.Publish(bg(), tag+"/notif:"+id, "v")
 	var lat []time.Duration
 	for _, c := range children {
 		if !c.out.Scan() {
@@ -139,6 +140,7 @@ func startWakeChild(b *testing.B, addr, mode string) *wakeChild {
 // returned.
 func runWakeChild(spec string) {
 	mode, addr, _ := strings.Cut(spec, " ")
+	tag := "wake-" + mode
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
 	in := bufio.NewScanner(os.Stdin)
@@ -146,7 +148,7 @@ func runWakeChild(spec string) {
 
 	switch mode {
 	case "memolock":
-		c, err := New(rdb, "wake", &Options{LockTTL: time.Minute})
+		c, err := New(rdb, tag, &Options{LockTTL: time.Minute})
 		if err != nil {
 			panic(err)
 		}
@@ -154,7 +156,7 @@ func runWakeChild(spec string) {
 		looks := countLookups(rdb, "")
 		park = func(id string, ready chan<- struct{}) {
 			before := c.Stats().Coalesced
-			looks.key.Store("wake:" + id)
+			looks.key.Store(tag + ":" + id)
 			looks.n.Store(0)
 			go func() {
 				// Parked: every caller joined, and the flight looked again
@@ -171,17 +173,17 @@ func runWakeChild(spec string) {
 			}
 		})
 	case "psubscribe":
-		p := newPSubscribeWaiters(rdb, "wake")
+		p := newPSubscribeWaiters(rdb, tag)
 		defer p.close()
 		park = func(id string, ready chan<- struct{}) {
 			go func() {
-				for p.parked("wake/notif:"+id) < wakeGoroutines {
+				for p.parked(tag+"/notif:"+id) < wakeGoroutines {
 					time.Sleep(100 * time.Microsecond)
 				}
 				ready <- struct{}{}
 			}()
 		}
-		runWakeRounds(in, park, func(id string) { p.wait("wake/notif:" + id) })
+		runWakeRounds(in, park, func(id string) { p.wait(tag + "/notif:" + id) })
 	case "floor":
 		ps := rdb.Subscribe(context.Background())
 		defer ps.Close()
@@ -192,7 +194,7 @@ func runWakeChild(spec string) {
 			mu.Lock()
 			woken = ch
 			mu.Unlock()
-			if err := ps.Subscribe(context.Background(), "wake/notif:"+id); err != nil {
+			if err := ps.Subscribe(context.Background(), tag+"/notif:"+id); err != nil {
 				panic(err)
 			}
 			go func() {
