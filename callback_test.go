@@ -3,11 +3,15 @@ package memolock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // A panic in OnWait is recovered; the wait goes on.
@@ -164,5 +168,38 @@ func TestGet_OnWaitGetsTheCallersID(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("OnWait not called")
+	}
+}
+
+// Close leaves no lock behind, even with lookups under way that are about
+// to take one, and the redis client closed right after it.
+func TestClose_LeavesNoLockBehind(t *testing.T) {
+	b := realBackend(t)
+	raw := rawClient(t, b.addr)
+	for round := range 5 {
+		rdb := redis.NewClient(&redis.Options{Addr: b.addr})
+		c, err := New(rdb, "nolock", &Options{LockTTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for i := range 300 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(bg(), time.Duration(i%5)*time.Millisecond)
+				defer cancel()
+				_, _ = c.Get(ctx, fmt.Sprint(round, "-", i), func(ctx context.Context, _ *Lease) ([]byte, time.Duration, error) {
+					<-ctx.Done()
+					return nil, 0, ctx.Err()
+				})
+			}()
+		}
+		wg.Wait()
+		_ = c.Close()
+		_ = rdb.Close()
+		if keys := raw.Keys(bg(), "nolock/lock:*").Val(); len(keys) > 0 {
+			t.Fatalf("round %d: %d locks left behind, e.g. %q", round, len(keys), keys[0])
+		}
 	}
 }

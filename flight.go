@@ -26,8 +26,7 @@ type flight struct {
 	// Guarded by group.mu.
 	refs  int
 	state flightState
-
-	held bool // the flight held a lock; set and read by its own goroutine
+	held  bool // counted in the Client's holders
 }
 
 // flightState is where a flight stands with its callers.
@@ -149,11 +148,19 @@ func (g *group) hold(f *flight, callbacks, holders *sync.WaitGroup) bool {
 	return true
 }
 
-// callers returns how many callers wait for f.
-func (g *group) callers(f *flight) int {
+// retire ends a holding flight that no caller waits for: it reports true,
+// and no new caller joins it, if f has no callers.
+func (g *group) retire(f *flight) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return f.refs
+	if f.refs > 0 {
+		return false
+	}
+	f.state = abandoned
+	if g.flights[f.key] == f {
+		delete(g.flights, f.key)
+	}
+	return true
 }
 
 // finish hands the flight's result to its callers. Only the first call

@@ -13,11 +13,11 @@ import (
 // hold runs fetch under the lock that f holds with its token. pttl is the
 // lock's remaining time when the lock was found already ours (a retried
 // lookup whose first reply was lost), or negative when just taken.
-func (c *Client) hold(f *flight, pttl time.Duration) ([]byte, error) {
+func (c *Client) hold(f *flight, w *wait, pttl time.Duration) ([]byte, error) {
 	if err := c.take(f); err != nil {
 		return nil, err
 	}
-	return c.compute(f, c.lease(f), pttl)
+	return c.compute(f, w, c.lease(f), pttl)
 }
 
 // take makes f a holder of the lock it took, about to run a user function
@@ -46,7 +46,8 @@ var errGoexit = errors.New("memolock: fetch called runtime.Goexit")
 // compute runs fetch on a goroutine of its own, so that a panic or Goexit in
 // fetch becomes an error, while a watchdog renews the lock. With a nil lease
 // (FailOpen) it only runs fetch. Its caller has added to c.callbacks.
-func (c *Client) compute(f *flight, lease *Lease, pttl time.Duration) ([]byte, error) {
+// Whatever can wait until the callers have their value is left to w.
+func (c *Client) compute(f *flight, w *wait, lease *Lease, pttl time.Duration) ([]byte, error) {
 	c.stats.fetches.Add(1)
 	results := make(chan fetchResult, 1)
 	go func() {
@@ -95,7 +96,7 @@ func (c *Client) compute(f *flight, lease *Lease, pttl time.Duration) ([]byte, e
 		return nil, res.err
 	}
 	if err := c.store(f, res.val, res.ttl, closing); err != nil {
-		c.storeFailed(f, err)
+		w.after = func() { c.storeFailed(f, err) }
 	}
 	return res.val, nil
 }

@@ -78,8 +78,14 @@ type Options struct {
 const DefaultLockTTL = 10 * time.Second
 
 // closeWait bounds how long Close waits for calls to Redis: releasing held
-// locks, and closing the pub/sub connection.
-const closeWait = time.Second
+// locks, and closing the pub/sub connection. Lookups under way, which may
+// take a lock that their flight then releases, get lookupWait of it: long
+// enough for a Redis that answers, short enough that one that does not
+// delays Close little.
+const (
+	closeWait  = time.Second
+	lookupWait = 200 * time.Millisecond
+)
 
 // A Client computes values of one tag once across processes. It is safe for
 // concurrent use. Make one with New; the zero value is not usable.
@@ -334,7 +340,7 @@ func (c *Client) pursue(f *flight, w *wait, a *attempt) ([]byte, error) {
 		case r.kind == replyLocked && f.start == nil:
 			w.takeover()
 			w.end() // our own value needs no notification
-			return c.hold(f, r.pttl)
+			return c.hold(f, w, r.pttl)
 		case r.kind == replyLocked && w.own.Load() && r.pttl >= 0:
 			// External-producer mode: the lock we took is still ours, and
 			// the producer still at work.
@@ -342,7 +348,7 @@ func (c *Client) pursue(f *flight, w *wait, a *attempt) ([]byte, error) {
 		case r.kind == replyLocked:
 			// External-producer mode: we took the lock, or took it again
 			// after it expired. Start the work, unless nobody wants it.
-			if c.flights.callers(f) == 0 {
+			if c.flights.retire(f) {
 				w.own.Store(true) // end releases it
 				return nil, errAbandoned
 			}
@@ -365,7 +371,7 @@ func (c *Client) lookupFailed(f *flight, err error) ([]byte, error) {
 	}
 	if c.failOpen && f.fetch != nil && isOutage(err) && c.flights.hold(f, &c.callbacks, &c.holders) {
 		c.stats.failOpen.Add(1)
-		return c.compute(f, nil, 0)
+		return c.compute(f, nil, nil, 0)
 	}
 	return nil, err
 }
@@ -402,9 +408,9 @@ func (c *Client) notifyWait(f *flight, holder string) {
 // does. Close does not close the redis client.
 //
 // Calls to Redis that Close makes or waits for are bounded: if Redis does
-// not answer, Close returns after about a second. Close does not wait for
-// lookups that hold no lock; they, and calls still blocked in go-redis, end
-// with go-redis's own timeouts (or when the redis client is closed).
+// not answer, Close returns after about a second (a fifth of that if the
+// client holds no lock), and calls still blocked in go-redis end with
+// go-redis's own timeouts (or when the redis client is closed).
 //
 // Close is safe to call more than once and concurrently; every call returns
 // when the client is closed. Called from inside fetch, start or OnWait, it
@@ -437,7 +443,11 @@ func (c *Client) Close() error {
 func (c *Client) shutdown() {
 	c.callbacks.Wait() // fetches see their cancelled context and return
 	deadline := time.Now().Add(closeWait)
-	waitTimeout(&c.holders, time.Until(deadline)) // held locks released
+	// Every flight, briefly: a lookup under way may take a lock, which its
+	// flight then releases. Then those that hold a lock, which release it.
+	if !waitTimeout(&c.wg, lookupWait) {
+		waitTimeout(&c.holders, time.Until(deadline))
+	}
 	c.sub.close(time.Until(deadline))
 	c.outage.close(time.Until(deadline))
 	close(c.closed)

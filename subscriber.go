@@ -59,8 +59,9 @@ type subscriber struct {
 	watches  map[string]map[*watch]struct{} // channel: its watches; what must be subscribed
 	dirty    map[string]struct{}            // channels whose watches changed since run last looked
 	sent     map[string]struct{}            // channels subscribed on the current connection
+	solo     map[string]struct{}            // channels to subscribe one per command: a SUBSCRIBE of several was refused
 	unmarked []*watch                       // watches that need a marker PING
-	marked   []*watch                       // watches whose marker is out, in marker order
+	marked   []marked                       // watches whose marker is out, in marker order
 	acks     []sentCmd                      // commands whose replies are due on the current connection, in order
 	gen      uint64                         // the current connection; every replacement adds one
 	broken   bool                           // the current connection failed: replace it
@@ -98,12 +99,20 @@ type events struct {
 	closed   bool
 }
 
-// sentCmd is a SUBSCRIBE or UNSUBSCRIBE the connection owes replies for:
-// one acknowledgement per channel, in order, or one error reply.
+// marked is a watch waiting for marker seq. A watch waits for a later
+// marker when its subscription is tried again: the entry is then stale.
+type marked struct {
+	w   *watch
+	seq uint64
+}
+
+// sentCmd is a command the connection owes replies for, in order: a
+// SUBSCRIBE or UNSUBSCRIBE (one acknowledgement per channel) or a PING (one
+// reply; args holds its payload), or else one error reply.
 type sentCmd struct {
-	kind     string
-	channels []string
-	acked    int
+	kind  string
+	args  []string
+	acked int
 }
 
 const markerPrefix = "memolock:"
@@ -134,6 +143,7 @@ func newSubscriber(rdb redis.UniversalClient, stats *counters) *subscriber {
 		watches: make(map[string]map[*watch]struct{}),
 		dirty:   make(map[string]struct{}),
 		sent:    make(map[string]struct{}),
+		solo:    make(map[string]struct{}),
 		nextSeq: 1,
 	}
 }
@@ -188,6 +198,7 @@ func (s *subscriber) unwatch(w *watch) {
 		delete(ws, w)
 		if len(ws) == 0 {
 			delete(s.watches, ch)
+			delete(s.solo, ch)
 			s.dirty[ch] = struct{}{}
 		}
 	}
@@ -243,16 +254,16 @@ func (s *subscriber) wakeLater() {
 // plan is what run sends next.
 type plan struct {
 	gen     uint64
-	replace bool     // the connection failed: close it first
-	heard   bool     // the connection delivered something: it works
-	sub     []string // SUBSCRIBE these
-	marker  uint64   // then PING this marker (0: none)
-	unsub   []string // then UNSUBSCRIBE these
-	probe   bool     // then PING to probe
+	replace bool       // the connection failed: close it first
+	heard   bool       // a marker came back since: the connection works
+	subs    [][]string // SUBSCRIBE these, one command each
+	marker  uint64     // then PING this marker (0: none)
+	unsub   []string   // then UNSUBSCRIBE these
+	probe   bool       // then PING to probe
 }
 
 func (p *plan) empty() bool {
-	return len(p.sub) == 0 && p.marker == 0 && len(p.unsub) == 0 && !p.probe
+	return len(p.subs) == 0 && p.marker == 0 && len(p.unsub) == 0 && !p.probe
 }
 
 // run owns the connection: it sends what watches need, and replaces the
@@ -331,12 +342,17 @@ func (s *subscriber) plan() plan {
 		}
 	}
 	p.gen, p.heard, s.heard = s.gen, s.heard, false
+	var batch []string
 	for ch := range s.dirty {
 		_, want := s.watches[ch]
 		_, have := s.sent[ch]
+		_, solo := s.solo[ch]
 		switch {
+		case want && !have && solo:
+			p.subs = append(p.subs, []string{ch})
+			s.sent[ch] = struct{}{}
 		case want && !have:
-			p.sub = append(p.sub, ch)
+			batch = append(batch, ch)
 			s.sent[ch] = struct{}{}
 		case !want && have:
 			p.unsub = append(p.unsub, ch)
@@ -344,11 +360,11 @@ func (s *subscriber) plan() plan {
 		}
 	}
 	clear(s.dirty)
-	if len(p.sub) > 0 {
-		s.acks = append(s.acks, sentCmd{kind: "subscribe", channels: p.sub})
+	if len(batch) > 0 {
+		p.subs = append([][]string{batch}, p.subs...)
 	}
-	if len(p.unsub) > 0 {
-		s.acks = append(s.acks, sentCmd{kind: "unsubscribe", channels: p.unsub})
+	for _, chans := range p.subs {
+		s.acks = append(s.acks, sentCmd{kind: "subscribe", args: chans})
 	}
 	for _, w := range s.unmarked {
 		if w.gone {
@@ -359,11 +375,20 @@ func (s *subscriber) plan() plan {
 			s.nextSeq++
 		}
 		w.seq = p.marker
-		s.marked = append(s.marked, w)
+		s.marked = append(s.marked, marked{w, p.marker})
 	}
 	clear(s.unmarked)
 	s.unmarked = s.unmarked[:0]
+	if p.marker != 0 {
+		s.acks = append(s.acks, sentCmd{kind: "ping", args: []string{markerPrefix + strconv.FormatUint(p.marker, 10)}})
+	}
+	if len(p.unsub) > 0 {
+		s.acks = append(s.acks, sentCmd{kind: "unsubscribe", args: p.unsub})
+	}
 	p.probe, s.probe = s.probe, false
+	if p.probe {
+		s.acks = append(s.acks, sentCmd{kind: "ping", args: []string{markerPrefix + "probe"}})
+	}
 	return p
 }
 
@@ -372,9 +397,9 @@ func (s *subscriber) plan() plan {
 func (s *subscriber) send(ps *redis.PubSub, p plan) error {
 	ctx, cancel := context.WithTimeout(s.ctx, pubsubTimeout)
 	defer cancel()
-	if len(p.sub) > 0 {
+	for _, chans := range p.subs {
 		s.stats.subscribes.Add(1)
-		if err := ps.Subscribe(ctx, p.sub...); err != nil {
+		if err := ps.Subscribe(ctx, chans...); err != nil {
 			return err
 		}
 	}
@@ -475,7 +500,6 @@ func (s *subscriber) deliver(gen uint64, msg any) bool {
 		s.mu.Unlock()
 		return false
 	}
-	s.heard = true
 	switch m := msg.(type) {
 	case *redis.Message:
 		payload = m.Payload
@@ -487,32 +511,16 @@ func (s *subscriber) deliver(gen uint64, msg any) bool {
 			}
 		}
 	case *redis.Pong:
-		p, ok := strings.CutPrefix(m.Payload, markerPrefix)
-		seq, err := strconv.ParseUint(p, 10, 64)
-		if !ok || err != nil || seq <= s.pongSeq {
-			break // a probe, or not ours
-		}
-		s.pongSeq = seq
-		n := 0
-		for _, w := range s.marked {
-			if w.seq > seq {
-				break
-			}
-			n++
-			if !w.gone && !w.closed {
-				w.live, w.reread = true, true
-				poke = append(poke, w)
-			}
-		}
-		s.marked = s.marked[n:]
-	case *redis.Subscription:
-		if len(s.acks) == 0 || s.acks[0].kind != m.Kind || s.acks[0].channels[s.acks[0].acked] != m.Channel {
-			// go-redis subscribed again on a new connection of its own.
+		if !s.due("ping", m.Payload) {
 			s.mu.Unlock()
 			return false
 		}
-		if s.acks[0].acked++; s.acks[0].acked == len(s.acks[0].channels) {
-			s.acks = s.acks[1:]
+		poke = s.markerBack(m.Payload, poke)
+	case *redis.Subscription:
+		if !s.due(m.Kind, m.Channel) {
+			// go-redis subscribed again on a new connection of its own.
+			s.mu.Unlock()
+			return false
 		}
 	}
 	s.mu.Unlock()
@@ -526,10 +534,55 @@ func (s *subscriber) deliver(gen uint64, msg any) bool {
 	return true
 }
 
+// due checks a reply against the command it must answer, the first one
+// still owed, and counts it. It reports false if the reply is not that
+// command's: the connection is not the one our state describes.
+func (s *subscriber) due(kind, arg string) bool {
+	if len(s.acks) == 0 {
+		return false
+	}
+	cmd := &s.acks[0]
+	if cmd.kind != kind || cmd.args[cmd.acked] != arg {
+		return false
+	}
+	if cmd.acked++; cmd.acked == len(cmd.args) {
+		s.acks = s.acks[1:]
+	}
+	return true
+}
+
+// markerBack makes live the watches a returning marker PING (payload)
+// covers, and adds them to poke. A probe's reply only proves the
+// connection alive.
+func (s *subscriber) markerBack(payload string, poke []*watch) []*watch {
+	p, ok := strings.CutPrefix(payload, markerPrefix)
+	seq, err := strconv.ParseUint(p, 10, 64)
+	if !ok || err != nil || seq <= s.pongSeq {
+		return poke
+	}
+	s.pongSeq, s.heard = seq, true
+	n := 0
+	for _, m := range s.marked {
+		if m.seq > seq {
+			break
+		}
+		n++
+		if w := m.w; w.seq == m.seq && !w.gone && !w.closed {
+			w.live, w.reread = true, true
+			poke = append(poke, w)
+		}
+	}
+	s.marked = s.marked[n:]
+	return poke
+}
+
 // refused handles an error reply read on connection gen: Redis refused the
-// command whose replies are due next (NOPERM for a SUBSCRIBE, say). The
-// watches of a refused SUBSCRIBE get the error. It returns false if the
-// reply cannot be matched to a command: the connection must start again.
+// first command still owed replies. A refused PING still answers in order,
+// so a marker counts as back. A refused SUBSCRIBE of one channel ends the
+// watches of that channel with the error; one of several channels (an ACL
+// may allow some and not others) has them subscribed again one by one. It
+// returns false if the reply cannot be matched to a command: the
+// connection must start again.
 func (s *subscriber) refused(gen uint64, err error) bool {
 	s.mu.Lock()
 	if gen != s.gen || len(s.acks) == 0 || s.acks[0].acked != 0 {
@@ -539,14 +592,29 @@ func (s *subscriber) refused(gen uint64, err error) bool {
 	cmd := s.acks[0]
 	s.acks = s.acks[1:]
 	var poke []*watch
-	if cmd.kind == "subscribe" {
-		for _, ch := range cmd.channels {
+	switch {
+	case cmd.kind == "ping":
+		poke = s.markerBack(cmd.args[0], poke)
+	case cmd.kind == "subscribe" && len(cmd.args) > 1:
+		for _, ch := range cmd.args {
 			delete(s.sent, ch)
+			s.solo[ch] = struct{}{}
+			s.dirty[ch] = struct{}{}
+			// Not live until a marker sent after the retry comes back.
 			for w := range s.watches[ch] {
-				if w.err == nil {
-					w.err = err
-					poke = append(poke, w)
+				if w.seq != 0 || w.live {
+					w.live, w.seq = false, 0
+					s.unmarked = append(s.unmarked, w)
 				}
+			}
+		}
+	case cmd.kind == "subscribe":
+		ch := cmd.args[0]
+		delete(s.sent, ch)
+		for w := range s.watches[ch] {
+			if w.err == nil {
+				w.err = err
+				poke = append(poke, w)
 			}
 		}
 	}
@@ -554,6 +622,7 @@ func (s *subscriber) refused(gen uint64, err error) bool {
 	for _, w := range poke {
 		w.poke()
 	}
+	s.wake()
 	return true
 }
 

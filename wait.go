@@ -26,6 +26,10 @@ type wait struct {
 	// maybeLocked is set when a lookup failed after it may have taken the
 	// lock: end releases the flight's token.
 	maybeLocked bool
+
+	// after, if set, is run by end: work that can wait until the callers
+	// have their answer.
+	after func()
 }
 
 // next is what wait decided.
@@ -196,6 +200,10 @@ func (w *wait) end() {
 	if w.own.Load() || w.maybeLocked {
 		w.maybeLocked = false
 		w.release(abandonEvent(w.f.token))
+	}
+	if after := w.after; after != nil {
+		w.after = nil
+		after()
 	}
 }
 

@@ -463,3 +463,64 @@ func TestGet_RefusedSubscriptionIsAnError(t *testing.T) {
 		t.Errorf("%d reconnects: a refusal is not a broken connection", n)
 	}
 }
+
+// An ACL may allow some channels and not others, and Redis refuses a whole
+// SUBSCRIBE for one channel it denies: waits on allowed ids must not fail
+// with the denied ones that shared their SUBSCRIBE.
+func TestGet_RefusedChannelDoesNotFailOthersInItsSubscribe(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Do(t, "ACL", "SETUSER", "app", "on", ">pw", "~*", "+@all", "resetchannels", "&acl2/notif:pub*", "&acl2/lock-event:pub*")
+	raw := rawClient(t, srv.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "app", Password: "pw"})
+	c, err := New(rdb, "acl2", &Options{LockTTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close(); _ = rdb.Close() }()
+	tc := &testClient{Client: c, rdb: rdb}
+	looks := countLookups(rdb, "")
+	for round := range 10 {
+		pub, priv := fmt.Sprint("pub", round), fmt.Sprint("priv", round)
+		raw.Set(bg(), "acl2/lock:"+pub, "someone", 30*time.Second)
+		raw.Set(bg(), "acl2/lock:"+priv, "someone", 30*time.Second)
+		looks.key.Store("acl2:" + pub)
+		looks.n.Store(0)
+		ctx, cancel := context.WithTimeout(bg(), 5*time.Second)
+		allowed := getAsync(tc, ctx, pub, noFetch)
+		denied := getAsync(tc, ctx, priv, noFetch)
+		if v := <-denied; !strings.Contains(v, "NOPERM") {
+			t.Errorf("round %d: denied id got %q, want NOPERM", round, v)
+		}
+		parkedAndLive(t, looks, 2)
+		raw.Set(bg(), "acl2:"+pub, "v", time.Minute)
+		raw.Publish(bg(), "acl2/notif:"+pub, "v")
+		if v := <-allowed; v != "v" {
+			t.Errorf("round %d: allowed id got %q", round, v)
+		}
+		cancel()
+	}
+}
+
+// A user who may not PING: the reply to a marker is an error, but it comes
+// in order all the same, so the subscription is live.
+func TestGet_RefusedMarkerPingStillMarks(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Do(t, "ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all", "-ping")
+	raw := rawClient(t, srv.Addr)
+	raw.Set(bg(), "np/lock:k", "someone", 30*time.Second)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "app", Password: "pw"})
+	c, err := New(rdb, "np", &Options{LockTTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close(); _ = rdb.Close() }()
+	looks := countLookups(rdb, "np:k")
+	got := getAsync(&testClient{Client: c, rdb: rdb}, bg(), "k", noFetch)
+	parkedAndLive(t, looks, 2)
+	raw.Set(bg(), "np:k", "v", time.Minute)
+	raw.Publish(bg(), "np/notif:k", "v")
+	within(t, 5*time.Second, got, "v", "the waiter, lock TTL 30s")
+	if n := c.Stats().Reconnects; n != 0 {
+		t.Errorf("%d reconnects", n)
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -88,6 +89,9 @@ func redact(raw string) string {
 		return withheld
 	}
 	out := url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}
+	if u.Scheme != "unix" && strings.Trim(u.Path, "/0123456789") != "" {
+		out.Path = "/xxxxx" // a database is a number; anything else is not shown
+	}
 	if u.User != nil {
 		out.User = url.User("xxxxx")
 	}

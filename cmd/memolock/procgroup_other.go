@@ -10,7 +10,7 @@ import (
 
 // Without process groups, only the command itself is stopped.
 
-func newGroup(cmd *exec.Cmd) {}
+func newGroup(*exec.Cmd, *os.File) {}
 
 func signalGroup(target int, sig syscall.Signal) error {
 	p, err := os.FindProcess(max(target, -target))

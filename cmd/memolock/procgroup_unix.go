@@ -4,14 +4,21 @@ package main
 
 import (
 	"errors"
+	"os"
 	"os/exec"
 	"syscall"
 )
 
 // newGroup makes cmd the leader of a process group of its own, so that a
-// signal can reach every process it starts.
-func newGroup(cmd *exec.Cmd) {
+// signal can reach every process it starts. With a terminal, the group is
+// put in its foreground, as a shell puts a job: its processes can read the
+// terminal and get the terminal's signals (^C).
+func newGroup(cmd *exec.Cmd, tty *os.File) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if tty != nil {
+		cmd.SysProcAttr.Foreground = true
+		cmd.SysProcAttr.Ctty = int(tty.Fd())
+	}
 }
 
 // signalGroup sends sig to target as kill(2) takes it: a process, or with

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"golang.org/x/term"
 
 	"github.com/memolock/memolock"
 )
@@ -125,11 +124,22 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		defer cancel()
 	}
 
-	var partial []byte // the output of a command that failed here
+	var (
+		partial     []byte         // the output of a command that failed here
+		interrupted syscall.Signal // a signal from elsewhere (^C on a terminal) killed it
+	)
 	out, err := c.Get(ctx, *id, func(fctx context.Context, _ *memolock.Lease) ([]byte, time.Duration, error) {
 		out, err := runGroup(fctx, sig, argv, stderr)
 		if err != nil {
 			partial = out
+			var ee *exitError
+			if errors.As(err, &ee) && interruption(ee.signal) {
+				// Not a failure for waiters elsewhere to report: closing
+				// from inside fetch hands the lock over with an abandon
+				// event, so that one of them runs the command.
+				interrupted = ee.signal
+				_ = c.Close()
+			}
 			return nil, 0, err
 		}
 		return out, *ttl, nil
@@ -153,6 +163,10 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	case sig.caught() != 0:
 		fmt.Fprintf(stderr, "memolock run: interrupted by %v\n", sig.caught())
 		return exitSignalBase + int(sig.caught())
+	case interrupted != 0:
+		_, _ = stdout.Write(partial)
+		fmt.Fprintf(stderr, "memolock run: the command was interrupted by %v\n", interrupted)
+		return exitSignalBase + int(interrupted)
 	case errors.As(err, &ee):
 		_, _ = stdout.Write(partial)
 		if ee.signal != 0 {
@@ -174,12 +188,12 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 }
 
 // runGroup runs argv and returns its standard output. The command runs in
-// a process group of its own, unless memolock runs on a terminal, where
-// the command must stay in the terminal's foreground group to read from it
-// (as with timeout --foreground). If ctx ends (Close) or a signal arrives,
-// runGroup stops the command, its whole group if it has one: SIGTERM, then
-// SIGKILL after killGrace (at once on a second signal). It returns only
-// once every process of the group is gone.
+// a process group of its own; if memolock runs in the foreground of a
+// terminal, that group takes the terminal over while it runs, as a shell's
+// job does, so that the command can read from it. If ctx ends (Close) or a
+// signal arrives, runGroup stops the whole group: SIGTERM, then SIGKILL
+// after killGrace (at once on a second signal). It returns only once every
+// process of the group is gone.
 func runGroup(ctx context.Context, sig *signals, argv []string, stderr io.Writer) ([]byte, error) {
 	select {
 	case <-ctx.Done():
@@ -195,8 +209,14 @@ func runGroup(ctx context.Context, sig *signals, argv []string, stderr io.Writer
 		return nil, err
 	}
 	defer r.Close()
-	group := !interactive()
-	cmd, err := start(argv, w, stderr, group)
+	tty := foregroundTTY()
+	if tty != nil {
+		defer func() {
+			takeTTYBack(tty)
+			tty.Close()
+		}()
+	}
+	cmd, err := start(argv, w, stderr, tty)
 	w.Close()
 	if err != nil {
 		return nil, err
@@ -224,56 +244,47 @@ func runGroup(ctx context.Context, sig *signals, argv []string, stderr io.Writer
 		case <-reading:
 			reading = nil
 		case <-ctx.Done():
-			return stop(cmd.Process.Pid, group, exited, sig.second, r, read, &buf)
+			return stop(cmd.Process.Pid, exited, sig.second, r, read, &buf)
 		case <-sig.first:
-			return stop(cmd.Process.Pid, group, exited, sig.second, r, read, &buf)
+			return stop(cmd.Process.Pid, exited, sig.second, r, read, &buf)
 		}
 	}
 	return buf.Bytes(), exitErr(waitErr)
 }
 
-// start starts argv with stdout and stderr, in a process group of its own
-// if group is set. A file that is executable but no binary runs with
-// /bin/sh, as a shell would run it.
-func start(argv []string, stdout *os.File, stderr io.Writer, group bool) (*exec.Cmd, error) {
+// start starts argv with stdout and stderr in a process group of its own,
+// in the foreground of tty if it is not nil. A file that is executable but
+// no binary runs with /bin/sh, as a shell would run it.
+func start(argv []string, stdout *os.File, stderr io.Writer, tty *os.File) (*exec.Cmd, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
-	if group {
-		newGroup(cmd)
-	}
+	newGroup(cmd, tty)
 	err := cmd.Start()
 	if errors.Is(err, syscall.ENOEXEC) {
-		return start(append([]string{"/bin/sh", cmd.Path}, argv[1:]...), stdout, stderr, group)
+		return start(append([]string{"/bin/sh", cmd.Path}, argv[1:]...), stdout, stderr, tty)
 	}
 	if err != nil {
-		return nil, classifyStart(err)
+		return nil, classifyStart(cmd.Path, err)
 	}
 	return cmd, nil
 }
 
-// stop stops the command whose leader is pid (its group, if group),
-// whose exit is yet to come on exited (nil if it came), and returns its
-// output so far.
-func stop(pid int, group bool, exited <-chan error, force <-chan struct{}, r *os.File, read <-chan struct{}, buf *bytes.Buffer) ([]byte, error) {
-	stopGroup(pid, group, exited, force)
+// stop stops the command's group, whose leader is pid and whose exit is
+// yet to come on exited (nil if it came), and returns its output so far.
+func stop(pid int, exited <-chan error, force <-chan struct{}, r *os.File, read <-chan struct{}, buf *bytes.Buffer) ([]byte, error) {
+	stopGroup(pid, exited, force)
 	r.Close()
 	<-read
 	return buf.Bytes(), errInterrupted
 }
 
-// stopGroup stops the command whose leader is pid: its whole group if
-// group is set. SIGTERM, then SIGKILL after killGrace or when force is
-// closed. It returns once the leader has exited (exited yields, or is nil)
-// and, with a group, no process of the group is left.
-func stopGroup(pid int, group bool, exited <-chan error, force <-chan struct{}) {
-	target := pid
-	if group {
-		target = -pid
-	}
+// stopGroup stops the process group whose leader is pid: SIGTERM, then
+// SIGKILL after killGrace or when force is closed. It returns once the
+// leader has exited (exited yields, or is nil) and no process of the group
+// is left.
+func stopGroup(pid int, exited <-chan error, force <-chan struct{}) {
+	target := -pid
 	leaderDone := exited == nil
-	if leaderDone && !group {
-		return // and pid may be somebody else's by now
-	}
 	_ = signalGroup(target, syscall.SIGTERM)
 	grace := time.NewTimer(killGrace)
 	defer grace.Stop()
@@ -293,24 +304,11 @@ func stopGroup(pid int, group bool, exited <-chan error, force <-chan struct{}) 
 		if !leaderDone {
 			continue
 		}
-		if !group {
-			return
-		}
 		reapOrphans()
 		if !groupAlive(pid) {
 			return
 		}
 	}
-}
-
-// interactive reports whether memolock runs on a terminal.
-func interactive() bool {
-	for _, f := range []*os.File{os.Stdin, os.Stdout, os.Stderr} {
-		if term.IsTerminal(int(f.Fd())) {
-			return true
-		}
-	}
-	return false
 }
 
 // exitErr turns what cmd.Wait returned into the command's exit status.
@@ -325,16 +323,28 @@ func exitErr(err error) error {
 	return &exitError{code: ee.ExitCode()}
 }
 
-// classifyStart gives the shell's exit status to a command that could not
-// start: 127 not found, 126 found but not executable.
-func classifyStart(err error) error {
+// classifyStart gives the shell's exit status to a command at path that
+// could not start: 127 not found, 126 found but not executable (or its
+// interpreter, after #!, is not found).
+func classifyStart(path string, err error) error {
 	switch {
-	case errors.Is(err, exec.ErrNotFound), errors.Is(err, fs.ErrNotExist):
+	case errors.Is(err, exec.ErrNotFound):
+		return &startError{code: exitNotFound, err: err}
+	case errors.Is(err, fs.ErrNotExist):
+		if _, serr := os.Stat(path); serr == nil {
+			return &startError{code: exitCannotExec, err: fmt.Errorf("%s: bad interpreter: %w", path, err)}
+		}
 		return &startError{code: exitNotFound, err: err}
 	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.ENOEXEC), errors.Is(err, syscall.EISDIR):
 		return &startError{code: exitCannotExec, err: err}
 	}
 	return &startError{code: exitCannotExec, err: err}
+}
+
+// interruption reports whether sig, killing the command, interrupted it
+// rather than showed it failing.
+func interruption(sig syscall.Signal) bool {
+	return sig == syscall.SIGINT || sig == syscall.SIGTERM || sig == syscall.SIGHUP || sig == syscall.SIGQUIT
 }
 
 // signals tracks SIGINT, SIGTERM, SIGHUP and SIGQUIT: the first cancels ctx

@@ -178,32 +178,6 @@ func TestRun_SignalStopsWhatTheCommandLeftBehind(t *testing.T) {
 	}
 }
 
-// On a terminal the command stays in the terminal's foreground group, so
-// that it can read from it.
-func TestRun_CommandReadsTheTerminal(t *testing.T) {
-	srv := redistest.Start(t)
-	line := fmt.Sprintf("%s run --redis redis://%s --tag tty --id k --ttl 1m -- sh -c 'read x; echo got:$x'", binary, srv.Addr)
-	cmd := exec.Command("script", "-qec", line, "/dev/null")
-	cmd.Stdin = strings.NewReader("hello\n")
-	var out syncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Skipf("script(1) unavailable: %v", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil || !strings.Contains(out.String(), "got:hello") {
-			t.Errorf("exit %v, output %q", err, out.String())
-		}
-	case <-time.After(10 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
-		t.Fatalf("the command could not read the terminal; output %q", out.String())
-	}
-}
-
 // A command that ignores SIGTERM gets SIGKILL after the grace, or at once
 // on a second signal.
 func TestRun_SecondSignalForces(t *testing.T) {
