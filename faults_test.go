@@ -318,6 +318,7 @@ func TestGet_WaiterSurvivesSilentlyDeadPubSubConnection(t *testing.T) {
 	raw.Set(bg(), "silent/lock:k", "holder", time.Minute)
 	c := newTestClient(t, proxy.Addr, "silent", &Options{LockTTL: time.Minute})
 	c.sub.health = 100 * time.Millisecond
+	looks := countLookups(c.rdb, "silent:k")
 	got := make(chan string, 1)
 	go func() {
 		v, err := c.Get(bg(), "k", constFetch(new(atomic.Int64), "fetched", 0))
@@ -327,7 +328,7 @@ func TestGet_WaiterSurvivesSilentlyDeadPubSubConnection(t *testing.T) {
 		}
 		got <- string(v)
 	}()
-	waitersLive(t, "silent/notif:k", c)
+	parkedAndLive(t, looks, 2)
 	if n := proxy.SilencePubSub(); n != 1 {
 		t.Fatalf("silenced %d pub/sub connections, want 1", n)
 	}

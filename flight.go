@@ -26,7 +26,6 @@ type flight struct {
 	// Guarded by group.mu.
 	refs  int
 	state flightState
-	held  bool // counted in the Client's holders
 }
 
 // flightState is where a flight stands with its callers.
@@ -130,21 +129,16 @@ func (g *group) leave(f *flight) {
 }
 
 // hold moves f to holding, and adds one to callbacks for the user function
-// the flight is about to run (and, the first time, one to holders). It
-// reports false if every caller left, or Close began, before that.
-func (g *group) hold(f *flight, callbacks, holders *sync.WaitGroup) bool {
+// the flight is about to run. It reports false if every caller left, or
+// Close began, before that.
+func (g *group) hold(f *flight, callbacks *sync.WaitGroup) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed || (f.state != looking && f.state != holding) {
 		return false
 	}
 	f.state = holding
-	// Under mu: Close waits on these only after closing the group.
-	callbacks.Add(1)
-	if !f.held {
-		f.held = true
-		holders.Add(1)
-	}
+	callbacks.Add(1) // under mu: Close waits on callbacks only after closing the group
 	return true
 }
 

@@ -24,7 +24,7 @@ func (c *Client) hold(f *flight, w *wait, pttl time.Duration) ([]byte, error) {
 // under it. If every caller left, or Close began, it hands the lock over
 // instead: somebody elsewhere may already wait on it.
 func (c *Client) take(f *flight) error {
-	if !c.flights.hold(f, &c.callbacks, &c.holders) {
+	if !c.flights.hold(f, &c.callbacks) {
 		c.release(f, abandonEvent(f.token))
 		return c.ended()
 	}

@@ -78,14 +78,9 @@ type Options struct {
 const DefaultLockTTL = 10 * time.Second
 
 // closeWait bounds how long Close waits for calls to Redis: releasing held
-// locks, and closing the pub/sub connection. Lookups under way, which may
-// take a lock that their flight then releases, get lookupWait of it: long
-// enough for a Redis that answers, short enough that one that does not
-// delays Close little.
-const (
-	closeWait  = time.Second
-	lookupWait = 200 * time.Millisecond
-)
+// locks, lookups under way (which may take a lock that their flight then
+// releases), and closing the pub/sub connection.
+const closeWait = time.Second
 
 // A Client computes values of one tag once across processes. It is safe for
 // concurrent use. Make one with New; the zero value is not usable.
@@ -110,7 +105,6 @@ type Client struct {
 	stats   counters
 
 	wg        sync.WaitGroup // flights' goroutines and the batcher's
-	holders   sync.WaitGroup // flights that hold, or held, a lock
 	callbacks sync.WaitGroup // fetch and start functions running
 	closing   chan struct{}  // closed when Close starts
 	closed    chan struct{}  // closed when Close has finished
@@ -315,9 +309,6 @@ func (c *Client) resolve(f *flight, first *attempt) {
 	// Callers first; the rest can wait.
 	c.flights.finish(f, val, err)
 	w.end()
-	if f.held {
-		c.holders.Done()
-	}
 }
 
 // pursue looks the value up until it has it, computes it, or fails.
@@ -369,7 +360,7 @@ func (c *Client) lookupFailed(f *flight, err error) ([]byte, error) {
 	if f.ctx.Err() != nil {
 		return nil, c.ended()
 	}
-	if c.failOpen && f.fetch != nil && isOutage(err) && c.flights.hold(f, &c.callbacks, &c.holders) {
+	if c.failOpen && f.fetch != nil && isOutage(err) && c.flights.hold(f, &c.callbacks) {
 		c.stats.failOpen.Add(1)
 		return c.compute(f, nil, nil, 0)
 	}
@@ -408,9 +399,9 @@ func (c *Client) notifyWait(f *flight, holder string) {
 // does. Close does not close the redis client.
 //
 // Calls to Redis that Close makes or waits for are bounded: if Redis does
-// not answer, Close returns after about a second (a fifth of that if the
-// client holds no lock), and calls still blocked in go-redis end with
-// go-redis's own timeouts (or when the redis client is closed).
+// not answer, Close returns after about a second, and calls still blocked
+// in go-redis end with go-redis's own timeouts (or when the redis client is
+// closed).
 //
 // Close is safe to call more than once and concurrently; every call returns
 // when the client is closed. Called from inside fetch, start or OnWait, it
@@ -443,11 +434,9 @@ func (c *Client) Close() error {
 func (c *Client) shutdown() {
 	c.callbacks.Wait() // fetches see their cancelled context and return
 	deadline := time.Now().Add(closeWait)
-	// Every flight, briefly: a lookup under way may take a lock, which its
-	// flight then releases. Then those that hold a lock, which release it.
-	if !waitTimeout(&c.wg, lookupWait) {
-		waitTimeout(&c.holders, time.Until(deadline))
-	}
+	// Every flight: those that hold a lock release it, and a lookup under
+	// way may take one, which its flight then releases.
+	waitTimeout(&c.wg, time.Until(deadline))
 	c.sub.close(time.Until(deadline))
 	c.outage.close(time.Until(deadline))
 	close(c.closed)

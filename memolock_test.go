@@ -240,6 +240,7 @@ func TestGet_FetchErrorReachesWaitersPromptlyAndStoresNothing(t *testing.T) {
 				opts := &Options{LockTTL: 30 * time.Second}
 				holder := newTestClient(t, b.addr, "fail", opts)
 				waiter := newTestClient(t, b.addr, "fail", opts)
+				looks := countLookups(waiter.rdb, "fail:k")
 				raw := rawClient(t, b.addr)
 
 				started, release := make(chan struct{}, 1), make(chan struct{})
@@ -263,7 +264,7 @@ func TestGet_FetchErrorReachesWaitersPromptlyAndStoresNothing(t *testing.T) {
 						errs <- err
 					}()
 				}
-				waitersLive(t, "fail/lock-event:k", waiter)
+				parkedAndLive(t, looks, 2)
 				t0 := time.Now()
 				close(release)
 

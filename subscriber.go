@@ -460,7 +460,8 @@ func (s *subscriber) read(ps *redis.PubSub, gen uint64) {
 		msg, err := ps.ReceiveTimeout(context.Background(), s.health)
 		var reply redis.Error
 		if errors.As(err, &reply) && s.refused(gen, err) {
-			continue // an error reply, not a broken connection
+			probing = false // a reply, if an error: the connection lives
+			continue
 		}
 		if err != nil {
 			var nerr net.Error
@@ -598,6 +599,9 @@ func (s *subscriber) refused(gen uint64, err error) bool {
 	case cmd.kind == "subscribe" && len(cmd.args) > 1:
 		for _, ch := range cmd.args {
 			delete(s.sent, ch)
+			if _, ok := s.watches[ch]; !ok {
+				continue // nobody wants it any more
+			}
 			s.solo[ch] = struct{}{}
 			s.dirty[ch] = struct{}{}
 			// Not live until a marker sent after the retry comes back.

@@ -124,22 +124,17 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		defer cancel()
 	}
 
-	var (
-		partial     []byte         // the output of a command that failed here
-		interrupted syscall.Signal // a signal from elsewhere (^C on a terminal) killed it
-	)
+	var partial []byte // the output of a command that failed here
 	out, err := c.Get(ctx, *id, func(fctx context.Context, _ *memolock.Lease) ([]byte, time.Duration, error) {
 		out, err := runGroup(fctx, sig, argv, stderr)
+		if errors.Is(err, errInterrupted) {
+			// Not a failure for waiters elsewhere to report: closing from
+			// inside fetch hands the lock over with an abandon event, so
+			// that one of them runs the command.
+			_ = c.Close()
+		}
 		if err != nil {
 			partial = out
-			var ee *exitError
-			if errors.As(err, &ee) && interruption(ee.signal) {
-				// Not a failure for waiters elsewhere to report: closing
-				// from inside fetch hands the lock over with an abandon
-				// event, so that one of them runs the command.
-				interrupted = ee.signal
-				_ = c.Close()
-			}
 			return nil, 0, err
 		}
 		return out, *ttl, nil
@@ -163,10 +158,6 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	case sig.caught() != 0:
 		fmt.Fprintf(stderr, "memolock run: interrupted by %v\n", sig.caught())
 		return exitSignalBase + int(sig.caught())
-	case interrupted != 0:
-		_, _ = stdout.Write(partial)
-		fmt.Fprintf(stderr, "memolock run: the command was interrupted by %v\n", interrupted)
-		return exitSignalBase + int(interrupted)
 	case errors.As(err, &ee):
 		_, _ = stdout.Write(partial)
 		if ee.signal != 0 {
@@ -187,13 +178,10 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	return exitFailure
 }
 
-// runGroup runs argv and returns its standard output. The command runs in
-// a process group of its own; if memolock runs in the foreground of a
-// terminal, that group takes the terminal over while it runs, as a shell's
-// job does, so that the command can read from it. If ctx ends (Close) or a
-// signal arrives, runGroup stops the whole group: SIGTERM, then SIGKILL
-// after killGrace (at once on a second signal). It returns only once every
-// process of the group is gone.
+// runGroup runs argv and returns its standard output. If ctx ends (Close)
+// or a signal arrives, it stops every process of the command (see
+// stopAll): SIGTERM, then SIGKILL after killGrace (at once on a second
+// signal). It returns only once they are all gone.
 func runGroup(ctx context.Context, sig *signals, argv []string, stderr io.Writer) ([]byte, error) {
 	select {
 	case <-ctx.Done():
@@ -209,14 +197,7 @@ func runGroup(ctx context.Context, sig *signals, argv []string, stderr io.Writer
 		return nil, err
 	}
 	defer r.Close()
-	tty := foregroundTTY()
-	if tty != nil {
-		defer func() {
-			takeTTYBack(tty)
-			tty.Close()
-		}()
-	}
-	cmd, err := start(argv, w, stderr, tty)
+	cmd, err := start(argv, w, stderr)
 	w.Close()
 	if err != nil {
 		return nil, err
@@ -229,6 +210,12 @@ func runGroup(ctx context.Context, sig *signals, argv []string, stderr io.Writer
 	}()
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
+	stop := func() ([]byte, error) {
+		stopAll(cmd.Process.Pid, exited, sig.second)
+		r.Close()
+		<-read
+		return buf.Bytes(), errInterrupted
+	}
 
 	// All of the output, as a shell's $(...) has it: the command's exit,
 	// and the end of its output, which processes it left behind may hold.
@@ -241,27 +228,56 @@ func runGroup(ctx context.Context, sig *signals, argv []string, stderr io.Writer
 		select {
 		case waitErr = <-exited:
 			leaderDone, exited = true, nil
+			if killedLike(waitErr) && signalled(sig) {
+				// ^C on a terminal reaches the command and memolock alike:
+				// the command did not fail, it was interrupted.
+				return stop()
+			}
 		case <-reading:
 			reading = nil
 		case <-ctx.Done():
-			return stop(cmd.Process.Pid, exited, sig.second, r, read, &buf)
+			return stop()
 		case <-sig.first:
-			return stop(cmd.Process.Pid, exited, sig.second, r, read, &buf)
+			return stop()
 		}
 	}
 	return buf.Bytes(), exitErr(waitErr)
 }
 
-// start starts argv with stdout and stderr in a process group of its own,
-// in the foreground of tty if it is not nil. A file that is executable but
+// killedLike reports whether the command ended as an interrupted command
+// does: killed by a signal, or with a status above 128.
+func killedLike(err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() || ee.ExitCode() > exitSignalBase
+}
+
+// signalled reports whether memolock gets a signal now or very soon: a
+// terminal's ^C reaches the command and memolock at the same moment, but
+// their news may come in either order.
+func signalled(sig *signals) bool {
+	t := time.NewTimer(100 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-sig.first:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// start starts argv with stdout and stderr. A file that is executable but
 // no binary runs with /bin/sh, as a shell would run it.
-func start(argv []string, stdout *os.File, stderr io.Writer, tty *os.File) (*exec.Cmd, error) {
+func start(argv []string, stdout *os.File, stderr io.Writer) (*exec.Cmd, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
-	newGroup(cmd, tty)
+	prepare(cmd)
 	err := cmd.Start()
 	if errors.Is(err, syscall.ENOEXEC) {
-		return start(append([]string{"/bin/sh", cmd.Path}, argv[1:]...), stdout, stderr, tty)
+		return start(append([]string{"/bin/sh", cmd.Path}, argv[1:]...), stdout, stderr)
 	}
 	if err != nil {
 		return nil, classifyStart(cmd.Path, err)
@@ -269,23 +285,14 @@ func start(argv []string, stdout *os.File, stderr io.Writer, tty *os.File) (*exe
 	return cmd, nil
 }
 
-// stop stops the command's group, whose leader is pid and whose exit is
-// yet to come on exited (nil if it came), and returns its output so far.
-func stop(pid int, exited <-chan error, force <-chan struct{}, r *os.File, read <-chan struct{}, buf *bytes.Buffer) ([]byte, error) {
-	stopGroup(pid, exited, force)
-	r.Close()
-	<-read
-	return buf.Bytes(), errInterrupted
-}
-
-// stopGroup stops the process group whose leader is pid: SIGTERM, then
-// SIGKILL after killGrace or when force is closed. It returns once the
-// leader has exited (exited yields, or is nil) and no process of the group
-// is left.
-func stopGroup(pid int, exited <-chan error, force <-chan struct{}) {
-	target := -pid
+// stopAll stops the command whose leader is pid, and every process it
+// started: SIGTERM, then SIGKILL after killGrace or when force is closed.
+// It returns once the leader has exited (exited yields, or is nil) and no
+// process of the command is left.
+func stopAll(pid int, exited <-chan error, force <-chan struct{}) {
 	leaderDone := exited == nil
-	_ = signalGroup(target, syscall.SIGTERM)
+	sig := syscall.SIGTERM
+	signalAll(pid, !leaderDone, sig)
 	grace := time.NewTimer(killGrace)
 	defer grace.Stop()
 	tick := time.NewTicker(10 * time.Millisecond)
@@ -295,19 +302,20 @@ func stopGroup(pid int, exited <-chan error, force <-chan struct{}) {
 		case <-exited:
 			leaderDone, exited = true, nil
 		case <-grace.C:
-			_ = signalGroup(target, syscall.SIGKILL)
+			sig = syscall.SIGKILL
 		case <-force:
-			force = nil
-			_ = signalGroup(target, syscall.SIGKILL)
+			force, sig = nil, syscall.SIGKILL
 		case <-tick.C:
 		}
 		if !leaderDone {
+			signalAll(pid, true, sig)
 			continue
 		}
-		reapOrphans()
-		if !groupAlive(pid) {
+		if !anyLeft(pid) {
 			return
 		}
+		// Processes orphaned since are ours now (see procs_linux.go).
+		signalAll(pid, false, sig)
 	}
 }
 
@@ -339,12 +347,6 @@ func classifyStart(path string, err error) error {
 		return &startError{code: exitCannotExec, err: err}
 	}
 	return &startError{code: exitCannotExec, err: err}
-}
-
-// interruption reports whether sig, killing the command, interrupted it
-// rather than showed it failing.
-func interruption(sig syscall.Signal) bool {
-	return sig == syscall.SIGINT || sig == syscall.SIGTERM || sig == syscall.SIGHUP || sig == syscall.SIGQUIT
 }
 
 // signals tracks SIGINT, SIGTERM, SIGHUP and SIGQUIT: the first cancels ctx

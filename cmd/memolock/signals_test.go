@@ -275,15 +275,17 @@ func TestRun_WaitHoldsWhenRedisStalls(t *testing.T) {
 	go func() { slept <- sleeper.Do(context.Background(), "DEBUG", "SLEEP", "4").Err() }()
 	eventually(t, 5*time.Second, "the server to stall", func() bool { return redistest.Stalled(srv.Addr) })
 	inv := memolockCmd(t, nil, "run", "--redis", "redis://"+srv.Addr, "--tag", "st", "--id", "k", "--ttl", "1m", "--wait", "1s", "--", "echo", "x")
-	if inv.code != 124 || inv.took > 1800*time.Millisecond {
-		t.Errorf("exit %d after %v; want 124 after about 1s (stall 4s); stderr %q", inv.code, inv.took, inv.stderr)
+	// 1s of waiting, and up to 1s more for Close to give a lookup that may
+	// have taken a lock the chance to release it.
+	if inv.code != 124 || inv.took > 2500*time.Millisecond {
+		t.Errorf("exit %d after %v; want 124 after 1-2s (stall 4s); stderr %q", inv.code, inv.took, inv.stderr)
 	}
 	<-slept
 
 	silent := redistest.Silent(t)
 	inv = memolockCmd(t, nil, "run", "--redis", "redis://"+silent, "--tag", "st", "--id", "k", "--ttl", "1m", "--wait", "1s", "--", "echo", "x")
-	if inv.code != 124 || inv.took > 1800*time.Millisecond {
-		t.Errorf("silent server: exit %d after %v; want 124 after about 1s; stderr %q", inv.code, inv.took, inv.stderr)
+	if inv.code != 124 || inv.took > 2500*time.Millisecond {
+		t.Errorf("silent server: exit %d after %v; want 124 after 1-2s; stderr %q", inv.code, inv.took, inv.stderr)
 	}
 }
 

@@ -140,3 +140,49 @@ func TestRun_ControlCHandsOver(t *testing.T) {
 		t.Errorf("cached %q", v)
 	}
 }
+
+// Job control works on memolock run as on any command: ^Z stops it and
+// gives the shell its prompt back, fg resumes it, and a background run
+// whose command reads the terminal stops until fg gives it the terminal.
+func TestRun_JobControlOnATerminal(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("bash not installed")
+	}
+	srv := redistest.Start(t)
+	dir := t.TempDir()
+	started := filepath.Join(dir, "started")
+	w, out, done := onTerminal(t, "bash --norc --noprofile -i")
+	typeLine := func(line string) { _, _ = fmt.Fprintln(w, line) }
+	expect := func(what string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !strings.Contains(out.String(), what) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q on the terminal: %q", what, out.String())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	run := fmt.Sprintf("%s run --redis redis://%s --tag jc --ttl 1m --lock-ttl 30s", binary, srv.Addr)
+
+	// ^Z, then fg.
+	typeLine(fmt.Sprintf("%s --id 1 -- sh -c 'touch %s; sleep 1; echo slept'", run, started))
+	eventually(t, 10*time.Second, "the command to start", func() bool { _, err := os.Stat(started); return err == nil })
+	_, _ = w.Write([]byte{0x1a}) // ^Z
+	expect("Stopped")
+	typeLine("fg; echo fg1:$?")
+	expect("fg1:0")
+
+	// In the background, reading the terminal: stopped, then fg.
+	typeLine(fmt.Sprintf("%s --id 2 -- sh -c 'read x; echo got:$x' &", run))
+	typeLine("sleep 0.5; jobs")
+	expect("Stopped")
+	mark := len(out.String())
+	typeLine("fg")
+	// fg prints the job's command line as it gives it the terminal.
+	eventually(t, 10*time.Second, "fg", func() bool { return strings.Contains(out.String()[mark:], "got:$x") })
+	typeLine("hello")
+	expect("got:hello")
+	typeLine("exit")
+	_ = waitDone(t, done, out, "the shell")
+}

@@ -1,0 +1,21 @@
+//go:build !unix
+
+package main
+
+import (
+	"os"
+	"os/exec"
+	"syscall"
+)
+
+// Without Unix processes, only the command itself is stopped.
+
+func prepare(*exec.Cmd) {}
+
+func signalAll(pid int, leader bool, _ syscall.Signal) {
+	if p, err := os.FindProcess(pid); err == nil && leader {
+		_ = p.Kill()
+	}
+}
+
+func anyLeft(int) bool { return false }
