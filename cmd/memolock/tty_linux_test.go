@@ -118,7 +118,8 @@ func TestRun_ControlCHandsOver(t *testing.T) {
 	srv := redistest.Start(t)
 	dir := t.TempDir()
 	started := filepath.Join(dir, "started")
-	line := fmt.Sprintf("%s run --redis redis://%s --tag tty3 --id k --ttl 1m --lock-ttl 30s -- sh -c 'touch %s; sleep 30'; echo exit:$?",
+	// The shell around it gets the ^C too: it must live to print the status.
+	line := fmt.Sprintf("trap : INT; %s run --redis redis://%s --tag tty3 --id k --ttl 1m --lock-ttl 30s -- sh -c 'touch %s; sleep 30'; echo exit:$?",
 		binary, srv.Addr, started)
 	w, out, done := onTerminal(t, line)
 	eventually(t, 5*time.Second, "the command to start", func() bool { _, err := os.Stat(started); return err == nil })
