@@ -440,22 +440,27 @@ func TestGet_StoreFailureReachesWaitersPromptly(t *testing.T) {
 	}
 }
 
+// aclClient makes an ACL user "app" on srv with rules (besides +@all) and
+// returns a test client that logs in as it.
+func aclClient(t *testing.T, srv *redistest.Server, tag string, opts *Options, rules ...string) *testClient {
+	t.Helper()
+	args := []any{"ACL", "SETUSER", "app", "on", ">pw", "+@all"}
+	for _, r := range rules {
+		args = append(args, r)
+	}
+	srv.Do(t, args...)
+	return newTestClientOn(t, &redis.Options{Addr: srv.Addr, Username: "app", Password: "pw"}, tag, opts)
+}
+
 // A subscription that Redis refuses (an ACL user without channel
 // permissions, Redis 7's default) ends the wait with the error at once.
 func TestGet_RefusedSubscriptionIsAnError(t *testing.T) {
 	srv := redistest.Start(t)
-	srv.Do(t, "ACL", "SETUSER", "app", "on", ">pw", "~*", "+@all", "resetchannels")
-	raw := rawClient(t, srv.Addr)
-	raw.Set(bg(), "acl/lock:k", "someone", 30*time.Second)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "app", Password: "pw"})
-	c, err := New(rdb, "acl", &Options{LockTTL: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = c.Close(); _ = rdb.Close() }()
+	c := aclClient(t, srv, "acl", &Options{LockTTL: 30 * time.Second}, "~*", "resetchannels")
+	rawClient(t, srv.Addr).Set(bg(), "acl/lock:k", "someone", 30*time.Second)
 	ctx, cancel := context.WithTimeout(bg(), 5*time.Second)
 	defer cancel()
-	_, err = c.Get(ctx, "k", noFetch)
+	_, err := c.Get(ctx, "k", noFetch)
 	if !errors.Is(err, ErrRedis) || !strings.Contains(err.Error(), "NOPERM") {
 		t.Fatalf("Get = %v, want ErrRedis with NOPERM well before the 30s lock TTL", err)
 	}
@@ -469,16 +474,9 @@ func TestGet_RefusedSubscriptionIsAnError(t *testing.T) {
 // with the denied ones that shared their SUBSCRIBE.
 func TestGet_RefusedChannelDoesNotFailOthersInItsSubscribe(t *testing.T) {
 	srv := redistest.Start(t)
-	srv.Do(t, "ACL", "SETUSER", "app", "on", ">pw", "~*", "+@all", "resetchannels", "&acl2/notif:pub*", "&acl2/lock-event:pub*")
+	tc := aclClient(t, srv, "acl2", &Options{LockTTL: 30 * time.Second}, "~*", "resetchannels", "&acl2/notif:pub*", "&acl2/lock-event:pub*")
 	raw := rawClient(t, srv.Addr)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "app", Password: "pw"})
-	c, err := New(rdb, "acl2", &Options{LockTTL: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = c.Close(); _ = rdb.Close() }()
-	tc := &testClient{Client: c, rdb: rdb}
-	looks := countLookups(rdb, "")
+	looks := countLookups(tc.rdb, "")
 	for round := range 10 {
 		pub, priv := fmt.Sprint("pub", round), fmt.Sprint("priv", round)
 		raw.Set(bg(), "acl2/lock:"+pub, "someone", 30*time.Second)
@@ -505,18 +503,12 @@ func TestGet_RefusedChannelDoesNotFailOthersInItsSubscribe(t *testing.T) {
 // in order all the same, so the subscription is live.
 func TestGet_RefusedMarkerPingStillMarks(t *testing.T) {
 	srv := redistest.Start(t)
-	srv.Do(t, "ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all", "-ping")
+	c := aclClient(t, srv, "np", &Options{LockTTL: 30 * time.Second}, "~*", "&*", "-ping")
 	raw := rawClient(t, srv.Addr)
 	raw.Set(bg(), "np/lock:k", "someone", 30*time.Second)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "app", Password: "pw"})
-	c, err := New(rdb, "np", &Options{LockTTL: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = c.Close(); _ = rdb.Close() }()
 	c.sub.health = 50 * time.Millisecond // and probes are refused too
-	looks := countLookups(rdb, "np:k")
-	got := getAsync(&testClient{Client: c, rdb: rdb}, bg(), "k", noFetch)
+	looks := countLookups(c.rdb, "np:k")
+	got := getAsync(c, bg(), "k", noFetch)
 	parkedAndLive(t, looks, 2)
 	eventually(t, 5*time.Second, "a few refused probes", func() bool { return c.Stats().Pings >= 6 })
 	raw.Set(bg(), "np:k", "v", time.Minute)
