@@ -176,8 +176,10 @@ func (g *group) finish(f *flight, val []byte, err error) bool {
 	return true
 }
 
-// close closes the group and returns the flights in it, with their work's
-// contexts cancelled. It reports false if the group was closed already.
+// close closes the group and returns the flights in it. It reports false if
+// the group was closed already. Their contexts are left to the caller to
+// cancel, after it has marked the client as closing: a fetch that returns
+// because of the cancellation must find the client closing.
 func (g *group) close() ([]*flight, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -188,11 +190,20 @@ func (g *group) close() ([]*flight, bool) {
 	flights := make([]*flight, 0, len(g.flights))
 	for _, f := range g.flights {
 		flights = append(flights, f)
+	}
+	return flights, true
+}
+
+// cancel cancels the contexts of flights, which close returned. A flight
+// launched after close is cancelled by launch.
+func (g *group) cancel(flights []*flight) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, f := range flights {
 		if f.stop != nil {
 			f.stop()
 		}
 	}
-	return flights, true
 }
 
 // counts returns the calls and the coalesced calls so far.

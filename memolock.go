@@ -418,7 +418,8 @@ func (c *Client) Close() error {
 		}
 		return nil
 	}
-	close(c.closing)
+	close(c.closing) // before cancelling: a fetch that returns must see it
+	c.flights.cancel(flights)
 	for _, f := range flights {
 		c.flights.finish(f, nil, ErrClosed)
 	}
