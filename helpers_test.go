@@ -3,6 +3,7 @@ package memolock
 import (
 	"context"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -184,3 +185,15 @@ func stampede(tb testing.TB, c *testClient, id string, callers int) int64 {
 type quietLogger struct{}
 
 func (quietLogger) Printf(context.Context, string, ...any) {}
+
+// lockDone checks that the lock at key was left done after a value was
+// stored: "done:<token>", lingering at most lockLinger (see storeSrc).
+func lockDone(t *testing.T, rdb redis.Cmdable, key string) {
+	t.Helper()
+	if v := rdb.Get(bg(), key).Val(); !strings.HasPrefix(v, "done:") {
+		t.Errorf("lock %s = %q after the value was stored, want done:<token>", key, v)
+	}
+	if ttl := rdb.PTTL(bg(), key).Val(); ttl <= 0 || ttl > lockLinger {
+		t.Errorf("lock %s lingers %v, want (0, %v]", key, ttl, lockLinger)
+	}
+}

@@ -27,37 +27,51 @@ if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
 return {redis.call('PTTL', KEYS[2]), redis.call('GET', KEYS[2])}
 `
 
-// storeSrc stores the value, deletes the lock and publishes the value, but
-// only while the lock still holds our token: a holder whose lease was lost
-// never overwrites what an invalidation or a newer holder decided. Then it
-// publishes an abandon event instead, so that waiters look again at once.
-// A retry of a store that already ran finds its own value in place and
-// answers 1 again.
+// storeSrc stores the value and publishes it, but only while the lock still
+// holds our token: a holder whose lease was lost never overwrites what an
+// invalidation or a newer holder decided. Then it publishes an abandon event
+// instead, so that waiters look again at once. A retry of a store that
+// already ran finds its own value in place and answers 1 again.
+//
+// The lock is not deleted but kept for a short linger as "done:<token>", and
+// never longer than the value: an original redis-memolock peer looks up with
+// GET then SET NX, and one whose GET missed just before the store would
+// otherwise win the freed lock and compute again. A memolock lookup reads
+// the value first, so the lingering lock costs it nothing.
 // KEYS: value, lock. ARGV: token, value, value TTL in ms (0: no expiry),
-// value channel, events channel.
+// value channel, events channel, linger in ms.
 // Reply: 1 stored, 0 lease lost.
 const storeSrc = `if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   if redis.call('GET', KEYS[1]) == ARGV[2] then return 1 end
   redis.call('PUBLISH', ARGV[5], 'abandon\n' .. ARGV[1] .. '\n')
   return 0
 end
+local linger = tonumber(ARGV[6])
 if ARGV[3] == '0' then
   redis.call('SET', KEYS[1], ARGV[2])
 else
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  linger = math.min(linger, tonumber(ARGV[3]))
 end
-redis.call('DEL', KEYS[2])
+redis.call('SET', KEYS[2], 'done:' .. ARGV[1], 'PX', linger)
 redis.call('PUBLISH', ARGV[4], ARGV[2])
 return 1
 `
 
 // releaseSrc deletes the lock if it still holds our token and, if an event
 // is given, publishes it on the events channel so that waiters need not
-// wait for the lock to expire.
-// KEYS: lock. ARGV: token, events channel, event (an empty one publishes nothing).
+// wait for the lock to expire. With a linger, it keeps the lock for that
+// long as "done:<token>" instead, as the store script does: a winner in
+// external mode releases so once the value has arrived.
+// KEYS: lock. ARGV: token, events channel, event (an empty one publishes
+// nothing), linger in ms (0: delete).
 // Reply: 1 released, 0 not ours.
 const releaseSrc = `if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
+if ARGV[4] == '0' then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('SET', KEYS[1], 'done:' .. ARGV[1], 'PX', ARGV[4])
+end
 if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
 return 1
 `
@@ -82,6 +96,13 @@ var (
 	releaseScript = redis.NewScript(releaseSrc)
 	renewScript   = redis.NewScript(renewSrc)
 )
+
+// lockLinger is how long a lock outlives a stored value (at most as long as
+// the value): see storeSrc.
+const lockLinger = time.Second
+
+// maxPTTL bounds a lock's remaining time as a Duration (about 290 years).
+const maxPTTL = time.Duration(1<<63 - 1 - int64(time.Millisecond))
 
 // replyKind tells what acquire answered.
 type replyKind uint8
@@ -147,6 +168,9 @@ func decodeAcquire(res any) (reply, bool) {
 			// The lock expired between PTTL and GET: look again at once.
 			pttl = 0
 		}
+		// The original Go peer renews with nanoseconds as seconds: a PTTL
+		// of centuries must not overflow into a negative Duration.
+		pttl = min(pttl, int64(maxPTTL/time.Millisecond))
 		return reply{kind: replyBusy, pttl: time.Duration(pttl) * time.Millisecond, holder: holder}, true
 	}
 	return reply{}, false
@@ -160,17 +184,17 @@ func (p *protocol) store(ctx context.Context, id, token string, val []byte, ttl 
 		ms = strconv.FormatInt(max(ttl.Milliseconds(), 1), 10)
 	}
 	n, err := storeScript.Run(ctx, p.rdb, []string{p.keys.Value(id), p.keys.Lock(id)},
-		token, val, ms, p.keys.Notif(id), p.keys.Events(id)).Int()
+		token, val, ms, p.keys.Notif(id), p.keys.Events(id), lockLinger.Milliseconds()).Int()
 	if err != nil {
 		return false, fmt.Errorf("%w: storing %s: %w", ErrRedis, quote(p.keys.Value(id)), err)
 	}
 	return n == 1, nil
 }
 
-// release deletes the lock if it still holds token, and publishes event.
-// It reports whether it did.
-func (p *protocol) release(ctx context.Context, id, token, event string) (bool, error) {
-	n, err := releaseScript.Run(ctx, p.rdb, []string{p.keys.Lock(id)}, token, p.keys.Events(id), event).Int()
+// release deletes the lock if it still holds token (or, with a linger,
+// keeps it that long as done), and publishes event. It reports whether it did.
+func (p *protocol) release(ctx context.Context, id, token, event string, linger time.Duration) (bool, error) {
+	n, err := releaseScript.Run(ctx, p.rdb, []string{p.keys.Lock(id)}, token, p.keys.Events(id), event, linger.Milliseconds()).Int()
 	if err != nil {
 		return false, fmt.Errorf("%w: releasing %s: %w", ErrRedis, quote(p.keys.Lock(id)), err)
 	}

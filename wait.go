@@ -163,7 +163,8 @@ func (w *wait) value(v []byte) next {
 		w.c.stats.hits.Add(1)
 	}
 	if w.own.Load() {
-		w.release("") // before the callers look at Redis again
+		w.own.Store(false) // before the callers look at Redis again
+		w.c.releaseDone(w.f)
 	}
 	return next{val: v}
 }
@@ -213,6 +214,14 @@ func (w *wait) end() {
 func (c *Client) release(f *flight, event string) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(f.ctx), closeWait)
 	defer cancel()
-	released, _ := c.proto.release(ctx, f.key, f.token, event)
+	released, _ := c.proto.release(ctx, f.key, f.token, event, 0)
 	return released
+}
+
+// releaseDone releases f's lock once somebody else stored the value, keeping
+// it for lockLinger as the store script does (see storeSrc).
+func (c *Client) releaseDone(f *flight) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(f.ctx), closeWait)
+	defer cancel()
+	_, _ = c.proto.release(ctx, f.key, f.token, "", lockLinger)
 }

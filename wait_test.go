@@ -167,9 +167,7 @@ func TestGet_LostAcquireReplyRetriedByGoRedisHoldsTheLock(t *testing.T) {
 	if calls.Load() != 1 {
 		t.Errorf("fetch ran %d times", calls.Load())
 	}
-	if n := rawClient(t, b.addr).Exists(bg(), "lost/lock:k").Val(); n != 0 {
-		t.Error("lock left behind")
-	}
+	lockDone(t, rawClient(t, b.addr), "lost/lock:k")
 }
 
 // An acquire whose every attempt timed out may still have taken the lock.
@@ -317,7 +315,10 @@ func TestGetExternal_CallerLeavingNeitherCancelsStartNorFailsWaiters(t *testing.
 	if err := <-startErr; err != nil {
 		t.Errorf("start's context: %v, want it alive", err)
 	}
-	eventually(t, 5*time.Second, "the winner's lock to go", func() bool { return raw.Exists(bg(), "ext2/lock:q").Val() == 0 })
+	eventually(t, 5*time.Second, "the winner's lock to be done", func() bool {
+		return strings.HasPrefix(raw.Get(bg(), "ext2/lock:q").Val(), "done:")
+	})
+	lockDone(t, raw, "ext2/lock:q")
 }
 
 // Close releases a lock held in external-producer mode, so waiters
