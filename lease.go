@@ -69,10 +69,16 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	return err
 }
 
-// holderSuffix is appended to every token: "@host:pid", with the host
-// reduced to characters that are safe in logs and in event payloads.
+// holderSuffix is appended to every token: "@host:pid".
 var holderSuffix = func() string {
 	host, _ := os.Hostname()
+	return hostSuffix(host) + strconv.Itoa(os.Getpid())
+}()
+
+// hostSuffix returns "@host:" with the host reduced to characters that are
+// safe in logs and in event payloads: every other character (not byte)
+// becomes '_'.
+func hostSuffix(host string) string {
 	host = strings.Map(func(r rune) rune {
 		if r == '.' || r == '-' || r == '_' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' {
 			return r
@@ -82,8 +88,8 @@ var holderSuffix = func() string {
 	if host == "" {
 		host = "unknown"
 	}
-	return "@" + host + ":" + strconv.Itoa(os.Getpid())
-}()
+	return "@" + host + ":"
+}
 
 // newToken returns a token unique to one flight.
 func newToken() string {
