@@ -25,7 +25,14 @@ func demo(args []string, stdout, stderr io.Writer) int {
 	clients := fs.Int("clients", 8, "independent clients, each with its own connections, like separate processes")
 	goroutines := fs.Int("goroutines", 200, "goroutines per client")
 	fetch := fs.Duration("fetch", 200*time.Millisecond, "how long the expensive computation takes")
+	interop := fs.Bool("interop", false, "run Go, Python and C# processes (memolock run) on one key instead")
+	interopDir := fs.String("interop-dir", "interop", "with --interop: the repository's interop directory")
+	perPeer := fs.Int("processes", 2, "with --interop: processes per language")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *perPeer < 1 || *perPeer > 50 {
+		fmt.Fprintln(stderr, "memolock demo: --processes must be between 1 and 50")
 		return 2
 	}
 	if *clients < 1 || *goroutines < 1 || *fetch < 0 {
@@ -40,6 +47,7 @@ func demo(args []string, stdout, stderr io.Writer) int {
 
 	opts := &redis.Options{}
 	where := "embedded miniredis"
+	url := *redisURL
 	if *redisURL == "" {
 		m, err := miniredis.Run()
 		if err != nil {
@@ -48,6 +56,8 @@ func demo(args []string, stdout, stderr io.Writer) int {
 		}
 		defer m.Close()
 		opts.Addr = m.Addr()
+		url = "redis://" + m.Addr()
+		where += " on " + m.Addr()
 	} else {
 		var err error
 		if opts, err = parseRedisURL(*redisURL); err != nil {
@@ -63,6 +73,14 @@ func demo(args []string, stdout, stderr io.Writer) int {
 	_, _ = rand.Read(b[:])
 	id := "report-" + hex.EncodeToString(b[:])
 	const tag = "memolock-demo"
+	if *interop {
+		defer func() {
+			cleanup := redis.NewClient(opts)
+			_ = cleanup.Del(context.Background(), tag+":"+id, tag+"/lock:"+id).Err()
+			_ = cleanup.Close()
+		}()
+		return demoInterop(*interopDir, url, where, id, *perPeer, max(*fetch, time.Second), stdout, stderr)
+	}
 
 	fmt.Fprintf(stdout, "memolock demo: %d clients x %d goroutines ask for one missing key at once;\n", *clients, *goroutines)
 	fmt.Fprintf(stdout, "computing it takes %v. Redis: %s.\n\n", *fetch, where)
@@ -70,7 +88,7 @@ func demo(args []string, stdout, stderr io.Writer) int {
 	plainKey := tag + ":" + id + ":unprotected"
 	defer func() {
 		cleanup := redis.NewClient(opts)
-		_ = cleanup.Del(context.Background(), tag+":"+id, plainKey).Err()
+		_ = cleanup.Del(context.Background(), tag+":"+id, tag+"/lock:"+id, plainKey).Err()
 		_ = cleanup.Close()
 	}()
 

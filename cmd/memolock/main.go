@@ -36,6 +36,7 @@ func (quiet) Printf(context.Context, string, ...any) {}
 
 const usage = `usage:
   memolock demo [--redis URL] [--clients N] [--goroutines N] [--fetch D]
+  memolock demo --interop [--redis URL] [--processes N] [--interop-dir DIR]
   memolock run --tag T --id ID --ttl D [--redis URL] [--lock-ttl D] [--wait D] -- CMD [ARGS...]
 `
 

@@ -1,0 +1,177 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// A peer is one implementation's `run` command, as the interop demo finds
+// it on this machine.
+type peer struct {
+	name    string
+	argv    []string
+	env     []string
+	missing string // why it cannot run, if it cannot
+}
+
+// findPeers looks for the Go peer (this binary), the Python peer (Debian's
+// python3 with python3-redis) and the C# peer (mono; built with mcs if
+// need be) under dir, the repository's interop directory.
+func findPeers(dir string, stderr io.Writer) []*peer {
+	self, err := os.Executable()
+	goPeer := &peer{name: "Go", argv: []string{self}}
+	if err != nil {
+		goPeer.missing = fmt.Sprintf("cannot find this binary: %v", err)
+	}
+
+	const python = "/usr/bin/python3" // Debian's, which has python3-redis
+	py := &peer{name: "Python", argv: []string{python, "-m", "memolock"},
+		env: []string{"PYTHONPATH=" + filepath.Join(dir, "python"), "PYTHONDONTWRITEBYTECODE=1"}}
+	switch {
+	case !exists(filepath.Join(dir, "python", "memolock", "__main__.py")):
+		py.missing = fmt.Sprintf("no Python peer in %s", filepath.Join(dir, "python"))
+	case !exists(python):
+		py.missing = python + " not found (apt-get install -y python3 python3-redis)"
+	default:
+		if out, err := exec.Command(python, "-c", "import redis").CombinedOutput(); err != nil {
+			py.missing = fmt.Sprintf("%s cannot import redis: %s (apt-get install -y python3-redis)", python, lastLine(out, err))
+		}
+	}
+
+	exe := filepath.Join(dir, "csharp", "bin", "memolock.exe")
+	cs := &peer{name: "C#", argv: []string{"mono", exe}}
+	_, monoErr := exec.LookPath("mono")
+	switch {
+	case !exists(filepath.Join(dir, "csharp", "build.sh")):
+		cs.missing = fmt.Sprintf("no C# peer in %s", filepath.Join(dir, "csharp"))
+	case monoErr != nil:
+		cs.missing = "mono not found (apt-get install -y mono-runtime mono-mcs)"
+	case !exists(exe):
+		if _, err := exec.LookPath("mcs"); err != nil {
+			cs.missing = "the C# peer is not built and mcs is not found (apt-get install -y mono-mcs)"
+			break
+		}
+		fmt.Fprintln(stderr, "building the C# peer with mcs...")
+		if out, err := exec.Command("bash", filepath.Join(dir, "csharp", "build.sh")).CombinedOutput(); err != nil {
+			cs.missing = "building the C# peer failed: " + lastLine(out, err)
+		}
+	}
+	return []*peer{goPeer, py, cs}
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+func lastLine(out []byte, err error) string {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if l := lines[len(lines)-1]; l != "" {
+		return l
+	}
+	return err.Error()
+}
+
+// demoInterop starts perPeer `run` processes of every peer it finds on one
+// key, all at once, and shows that one of them ran the command and all of
+// them printed its output. redisURL reaches the children through
+// MEMOLOCK_REDIS, never their command lines, since it may hold a password.
+func demoInterop(dir, redisURL, where, id string, perPeer int, fetch time.Duration, stdout, stderr io.Writer) int {
+	if !exists(dir) {
+		fmt.Fprintf(stderr, "memolock demo: no interop directory at %q: run the demo from the repository's root, or pass --interop-dir\n", dir)
+		return 2
+	}
+	var found []*peer
+	for _, p := range findPeers(dir, stderr) {
+		if p.missing != "" {
+			fmt.Fprintf(stdout, "  %-7s not found: %s\n", p.name, p.missing)
+			continue
+		}
+		found = append(found, p)
+	}
+	if len(found) == 0 {
+		fmt.Fprintln(stderr, "memolock demo: no peer can run here")
+		return 1
+	}
+	tmp, err := os.MkdirTemp("", "memolock-demo")
+	if err != nil {
+		fmt.Fprintf(stderr, "memolock demo: %v\n", err)
+		return 1
+	}
+	defer os.RemoveAll(tmp)
+	runs := filepath.Join(tmp, "runs")
+
+	fmt.Fprintf(stdout, "memolock demo --interop: %d processes in %d languages ask for one missing key at once;\n",
+		perPeer*len(found), len(found))
+	fmt.Fprintf(stdout, "its command takes %v. Redis: %s.\n\n", fetch, where)
+
+	type outcome struct {
+		who  string
+		out  []byte
+		err  string
+		code int
+		took time.Duration
+	}
+	outcomes := make([]outcome, perPeer*len(found))
+	var wg sync.WaitGroup
+	for i := range outcomes {
+		p := found[i%len(found)]
+		who := fmt.Sprintf("%s #%d", p.name, i/len(found)+1)
+		script := fmt.Sprintf(`echo run >> %q; sleep %.3f; printf 'the report, computed by %s (pid %%d)\n' $PPID`,
+			runs, fetch.Seconds(), who)
+		argv := append(append([]string{}, p.argv...), "run", "--tag", "memolock-demo", "--id", id, "--ttl", "1m",
+			"--lock-ttl", "10s", "--wait", "2m", "--", "sh", "-c", script)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cmd := exec.Command(argv[0], argv[1:]...)
+			cmd.Env = append(append(os.Environ(), p.env...), "MEMOLOCK_REDIS="+redisURL)
+			var out, errb bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &errb
+			t0 := time.Now()
+			err := cmd.Run()
+			o := outcome{who: who, out: out.Bytes(), took: time.Since(t0)}
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				o.code = ee.ExitCode()
+			} else if err != nil {
+				o.code = -1
+			}
+			if o.code != 0 {
+				o.err = lastLine(errb.Bytes(), err)
+			}
+			outcomes[i] = o
+		}()
+	}
+	wg.Wait()
+
+	code := 0
+	for _, o := range outcomes {
+		if o.code != 0 {
+			fmt.Fprintf(stdout, "  %-10s exit %d after %v: %s\n", o.who, o.code, o.took.Round(time.Millisecond), o.err)
+			code = 1
+			continue
+		}
+		fmt.Fprintf(stdout, "  %-10s %6v  %s", o.who, o.took.Round(time.Millisecond), o.out)
+		if !bytes.Equal(o.out, outcomes[0].out) {
+			code = 1
+		}
+	}
+	data, _ := os.ReadFile(runs)
+	n := bytes.Count(data, []byte("\n"))
+	fmt.Fprintf(stdout, "\nThe command ran %d time(s) for %d processes.\n", n, len(outcomes))
+	if n != 1 || code != 0 {
+		fmt.Fprintln(stderr, "memolock demo: expected one run and the same output everywhere")
+		return 1
+	}
+	fmt.Fprintln(stdout, "One computation, shared byte for byte by every process and language.")
+	return 0
+}
