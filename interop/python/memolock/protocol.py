@@ -1,0 +1,269 @@
+"""The wire protocol: key scheme, tokens, events and the four Lua scripts.
+
+Everything here is pure (no I/O) and shared by the sync and asyncio clients.
+The script texts are byte for byte those of the Go reference (protocol.go).
+"""
+
+import hashlib
+import os
+import re
+import secrets
+import socket
+
+from .errors import InvalidArgument
+
+ACQUIRE_SRC = r"""local v = redis.call('GET', KEYS[1])
+if v then return v end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return {redis.call('PTTL', KEYS[2]), redis.call('GET', KEYS[2])}
+"""
+
+STORE_SRC = r"""if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+  if redis.call('GET', KEYS[1]) == ARGV[2] then return 1 end
+  redis.call('PUBLISH', ARGV[5], 'abandon\n' .. ARGV[1] .. '\n')
+  return 0
+end
+local linger = tonumber(ARGV[6])
+if ARGV[3] == '0' then
+  redis.call('SET', KEYS[1], ARGV[2])
+else
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  linger = math.min(linger, tonumber(ARGV[3]))
+end
+redis.call('SET', KEYS[2], 'done:' .. ARGV[1], 'PX', linger)
+redis.call('PUBLISH', ARGV[4], ARGV[2])
+return 1
+"""
+
+RELEASE_SRC = r"""if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[4] == '0' then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('SET', KEYS[1], 'done:' .. ARGV[1], 'PX', ARGV[4])
+end
+if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
+return 1
+"""
+
+RENEW_SRC = r"""if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  redis.call('PUBLISH', ARGV[3], 'abandon\n' .. ARGV[1] .. '\n')
+  return 0
+end
+local left = redis.call('PTTL', KEYS[1])
+if left >= 0 and left < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 1
+"""
+
+SCRIPTS = {"acquire": ACQUIRE_SRC, "store": STORE_SRC, "release": RELEASE_SRC, "renew": RENEW_SRC}
+
+#: How long (ms) a lock outlives a stored value, as "done:<token>".
+LINGER_MS = 1000
+#: Bound, in bytes, on the message of a fail event.
+MAX_EVENT_TEXT = 4096
+#: Payload prefix of the marker PINGs on the pub/sub connection.
+MARKER_PREFIX = b"memolock:"
+
+EVENT_FAIL = b"fail"
+EVENT_ABANDON = b"abandon"
+
+DEFAULT_LOCK_TTL = 10.0
+#: How long close() waits for Redis calls (releases, lookups under way).
+CLOSE_WAIT = 1.0
+
+
+def to_bytes(v, what):
+    """Returns v (str as UTF-8, or bytes) as bytes; rejects anything else."""
+    if isinstance(v, str):
+        return v.encode("utf-8", "surrogatepass")
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v)
+    raise InvalidArgument(f"{what} must be str or bytes, not {type(v).__name__}")
+
+
+class KeyScheme:
+    """Names the keys and channels of one tag (see PROTOCOL.md)."""
+
+    def __init__(self, tag):
+        tag = to_bytes(tag, "tag")
+        if not tag:
+            raise InvalidArgument('tag is empty; pass a name such as "likes"')
+        for part in (b"/lock", b"/notif"):
+            if part in tag:
+                raise InvalidArgument(
+                    f"tag {tag!r} contains {part!r}, which would collide with the lock keys "
+                    f"and channels of tag {tag[:tag.index(part)]!r}")
+        self.tag = tag
+
+    def value(self, id):
+        return self.tag + b":" + id
+
+    def lock(self, id):
+        return self.tag + b"/lock:" + id
+
+    def notif(self, id):
+        return self.tag + b"/notif:" + id
+
+    def events(self, id):
+        return self.tag + b"/lock-event:" + id
+
+
+def hash_id(id):
+    """The id HashIDs sends to Redis: lowercase hex SHA-256 of its bytes."""
+    return hashlib.sha256(to_bytes(id, "id")).hexdigest().encode()
+
+
+def _sanitize_host(b):
+    """Go's strings.Map over the host: each rune (or invalid byte) outside
+    [A-Za-z0-9._-] becomes "_"."""
+    out, i = [], 0
+    while i < len(b):
+        c = b[i]
+        if c < 0x80:
+            ch = chr(c)
+            out.append(ch if re.match(r"[A-Za-z0-9._-]", ch) else "_")
+            i += 1
+            continue
+        n = 1
+        for k in (2, 3, 4):
+            try:
+                if len(b[i:i + k].decode("utf-8")) == 1:
+                    n = k
+                    break
+            except UnicodeDecodeError:
+                pass
+        out.append("_")
+        i += n
+    return "".join(out)
+
+
+def holder_suffix(host=None, pid=None):
+    """ "@host:pid" with host chars outside [A-Za-z0-9._-] replaced by "_"."""
+    if host is None:
+        host = socket.gethostname()
+    if isinstance(host, str):
+        host = host.encode("utf-8", "surrogateescape")
+    host = _sanitize_host(host) or "unknown"
+    suffix = "@" + host + ":"
+    if pid is None:
+        return suffix + str(os.getpid())
+    return suffix + str(pid)
+
+
+def new_token():
+    """A token unique to one flight: 32 hex digits, then @host:pid."""
+    return (secrets.token_hex(16) + holder_suffix()).encode()
+
+
+def truncate_utf8(b, n):
+    """Cuts bytes b to at most n bytes without splitting a UTF-8 character."""
+    if len(b) <= n:
+        return b
+    while n > 0 and (b[n] & 0xC0) == 0x80:
+        n -= 1
+    return b[:n]
+
+
+def abandon_event(token):
+    return EVENT_ABANDON + b"\n" + token + b"\n"
+
+
+def error_text(err):
+    """What a fail event says of err: its message, else its type's name."""
+    if isinstance(err, (bytes, bytearray)):
+        return bytes(err)
+    if isinstance(err, str):
+        return err.encode("utf-8", "replace")
+    text = str(err) if str(err) else type(err).__name__
+    return text.encode("utf-8", "replace")
+
+
+def fail_event(token, err):
+    """The fail event for err: its first line, at most 4096 bytes."""
+    msg = error_text(err).split(b"\n", 1)[0]
+    return EVENT_FAIL + b"\n" + token + b"\n" + truncate_utf8(msg, MAX_EVENT_TEXT)
+
+
+def parse_event(p):
+    """Splits an event payload into (kind, token, text)."""
+    kind, _, rest = p.partition(b"\n")
+    token, _, text = rest.partition(b"\n")
+    return kind, token, text
+
+
+HIT, LOCKED, BUSY = "hit", "locked", "busy"
+
+
+class Reply:
+    """What acquire answered: kind HIT (value), LOCKED, or BUSY (pttl ms, holder)."""
+
+    __slots__ = ("kind", "value", "pttl", "holder")
+
+    def __init__(self, kind, value=None, pttl=-1, holder=b""):
+        self.kind, self.value, self.pttl, self.holder = kind, value, pttl, holder
+
+    def __repr__(self):
+        return f"Reply({self.kind}, {self.value!r}, {self.pttl}, {self.holder!r})"
+
+
+def decode_acquire(res, token):
+    """Reads acquire's raw reply. A busy reply naming token is our own lock."""
+    if isinstance(res, bytes):
+        return Reply(HIT, value=res)
+    if isinstance(res, int) and not isinstance(res, bool):
+        if res != 1:
+            raise ValueError(f"unexpected acquire reply {res!r}")
+        return Reply(LOCKED)
+    if isinstance(res, list) and len(res) == 2 and isinstance(res[0], int):
+        pttl, holder = res
+        if not isinstance(holder, bytes):
+            return Reply(BUSY, pttl=0, holder=b"")  # expired between PTTL and GET
+        if holder == token:
+            return Reply(LOCKED, pttl=pttl)
+        return Reply(BUSY, pttl=pttl, holder=holder)
+    raise ValueError(f"unexpected acquire reply {res!r}")
+
+
+def duration_ms(seconds, what, allow_zero=True):
+    """Seconds (int, float or timedelta) to whole ms, for a TTL sent to Redis.
+
+    Rounds like Go's Duration.Milliseconds (down), with anything positive
+    under 1 ms sent as 1 ms. Rejects negatives, NaN, infinity and non-numbers.
+    """
+    if hasattr(seconds, "total_seconds"):
+        seconds = seconds.total_seconds()
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise InvalidArgument(f"{what} must be a number of seconds, not {type(seconds).__name__}")
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        raise InvalidArgument(f"{what} {seconds!r} is not a finite number of seconds")
+    if seconds < 0:
+        raise InvalidArgument(f"{what} {seconds!r} is negative")
+    if seconds == 0:
+        if not allow_zero:
+            raise InvalidArgument(f"{what} is 0; it must be at least 1ms")
+        return 0
+    us = int(round(seconds * 1e6))
+    ms = us // 1000
+    if ms < 1:
+        if not allow_zero:
+            raise InvalidArgument(f"{what} {seconds!r}s is under 1ms; Redis locks are set in whole milliseconds")
+        ms = 1
+    return ms
+
+
+def check_value(val, ttl):
+    """Validates what a fetch returned: (bytes, ttl) -> (bytes, ttl ms)."""
+    if isinstance(val, (bytearray, memoryview)):
+        val = bytes(val)
+    if not isinstance(val, bytes):
+        raise InvalidArgument(
+            f"fetch returned a value of type {type(val).__name__}, not bytes (encode it, e.g. with memolock.gojson.dumps)")
+    if isinstance(ttl, (int, float)) and not isinstance(ttl, bool) and ttl < 0:
+        raise InvalidArgument(f"fetch returned negative TTL {ttl!r}")
+    return val, duration_ms(ttl, "fetch TTL")
+
+
+def quote(b):
+    """A key or id for an error message, quoted and cut to a readable length."""
+    more = "..." if len(b) > 80 else ""
+    text = truncate_utf8(b, 80).decode("utf-8", "backslashreplace").replace('"', '\\"')
+    return '"' + text + '"' + more

@@ -1,0 +1,134 @@
+"""Checks every entry of ../vectors.json (written from the Go implementation)."""
+
+import base64
+import hashlib
+import json
+import os
+import re
+
+import pytest
+
+from memolock import gojson, protocol as P
+from memolock.cli import redact
+from memolock.durations import parse_duration_ns
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VECTORS = os.path.join(ROOT, "..", "vectors.json")
+PROTOCOL_GO = os.path.join(ROOT, "..", "..", "protocol.go")
+
+
+def b64(s):
+    return base64.b64decode(s)
+
+
+@pytest.fixture(scope="module")
+def vectors():
+    if not os.path.exists(VECTORS):
+        pytest.skip("interop/vectors.json not present")
+    with open(VECTORS, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def test_scripts_sha1(vectors):
+    assert set(vectors["scripts"]) == set(P.SCRIPTS)
+    for name, v in vectors["scripts"].items():
+        assert hashlib.sha1(P.SCRIPTS[name].encode()).hexdigest() == v["sha1"], name
+
+
+def test_scripts_match_go_source():
+    if not os.path.exists(PROTOCOL_GO):
+        pytest.skip("protocol.go not present")
+    src = open(PROTOCOL_GO, encoding="utf-8").read()
+    for name, text in P.SCRIPTS.items():
+        m = re.search(r"const " + name + r"Src = `([^`]*)`", src)
+        assert m, name
+        assert m.group(1) == text, name
+
+
+def test_constants(vectors):
+    assert vectors["linger_ms"] == P.LINGER_MS
+    assert vectors["max_event_text"] == P.MAX_EVENT_TEXT
+
+
+def test_keys(vectors):
+    assert vectors["keys"]
+    for k in vectors["keys"]:
+        ks = P.KeyScheme(k["tag"])
+        id = b64(k["id_b64"])
+        wire = P.hash_id(id) if k["hash_ids"] else id
+        assert ks.value(wire) == b64(k["value_b64"]), k["name"]
+        assert ks.lock(wire) == b64(k["lock_b64"]), k["name"]
+        assert ks.notif(wire) == b64(k["notif_b64"]), k["name"]
+        assert ks.events(wire) == b64(k["events_b64"]), k["name"]
+
+
+def test_hashed_ids(vectors):
+    for h in vectors.get("hashed_ids", []):
+        assert P.hash_id(b64(h["id_b64"])) == h["hashed"].encode()
+
+
+def test_events(vectors):
+    assert vectors["events"]
+    for e in vectors["events"]:
+        token = e["token"].encode()
+        msg = b64(e["message_b64"])
+        want = b64(e["payload_b64"])
+        if e["kind"] == "fail":
+            got = P.fail_event(token, msg)
+        else:
+            got = P.abandon_event(token)
+        assert got == want, e["name"]
+        kind, tok, text = P.parse_event(want)
+        assert kind == e["kind"].encode() and tok == token, e["name"]
+
+
+def test_hosts(vectors):
+    assert vectors["hosts"]
+    for h in vectors["hosts"]:
+        assert P.holder_suffix(b64(h["host_b64"]), pid="") == h["suffix"], h
+
+
+def test_json(vectors):
+    assert vectors["json"]
+    for j in vectors["json"]:
+        assert gojson.dumps(j["value"]) == b64(j["encoded_b64"]), j["name"]
+
+
+def test_durations(vectors):
+    assert vectors["durations"]
+    for d in vectors["durations"]:
+        if d["ms"] is None:
+            with pytest.raises(ValueError):
+                parse_duration_ns(d["text"])
+        else:
+            assert parse_duration_ns(d["text"]) == d["ms"] * 10**6, d["text"]
+
+
+def test_token_format():
+    t = P.new_token().decode()
+    assert re.fullmatch(r"[0-9a-f]{32}@[A-Za-z0-9._-]+:\d+", t), t
+    assert P.new_token() != P.new_token()
+
+
+def test_truncate_utf8():
+    s = "é".encode() * 3000  # 6000 bytes, 2 per character
+    cut = P.truncate_utf8(s, 4095)
+    assert len(cut) == 4094 and cut.decode()
+
+
+def test_go_float_format():
+    cases = [(1e-7, "1e-7"), (1.5e-7, "1.5e-7"), (1e21, "1e+21"), (1e20, "100000000000000000000"),
+             (1e-6, "0.000001"), (0.0, "0"), (-0.0, "-0"), (100.0, "100"), (2.5, "2.5"),
+             (1.7976931348623157e308, "1.7976931348623157e+308"), (5e-324, "5e-324"), (123.456, "123.456")]
+    for f, want in cases:
+        assert gojson.format_float(f) == want, f
+    assert gojson.dumps({"b": 1, "a": ["<&>", None]}) == b'{"a":["\\u003c\\u0026\\u003e",null],"b":1}'
+
+
+def test_redact():
+    assert redact("redis://user:secret@host:6379/0") == "redis://xxxxx@host:6379/0"
+    assert redact("redis://secret@host:6379") == "redis://xxxxx@host:6379"
+    assert "secret" not in redact("redis://host:6379/0?password=secret")
+    assert redact("unix:///tmp/redis.sock") == "unix:///tmp/redis.sock"
+    assert redact("host:6379") == "(URL withheld)"
+    assert redact("http://x:y@host") == "(URL withheld)"
