@@ -176,10 +176,8 @@ func (g *group) finish(f *flight, val []byte, err error) bool {
 	return true
 }
 
-// close closes the group and returns the flights in it. It reports false if
-// the group was closed already. Their contexts are left to the caller to
-// cancel, after it has marked the client as closing: a fetch that returns
-// because of the cancellation must find the client closing.
+// close closes the group and returns the flights in it, for cancel. It
+// reports false if the group was closed already.
 func (g *group) close() ([]*flight, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -192,6 +190,13 @@ func (g *group) close() ([]*flight, bool) {
 		flights = append(flights, f)
 	}
 	return flights, true
+}
+
+// isClosed reports whether close has been called.
+func (g *group) isClosed() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.closed
 }
 
 // cancel cancels the contexts of flights, which close returned. A flight

@@ -9,7 +9,7 @@
 // way x/sync/singleflight does: N goroutines cost what one costs. Across
 // processes, the flight that misses runs one script that returns the value or
 // takes the lock. The winner runs fetch while a watchdog renews its lock, then
-// one more script stores the value, deletes the lock and publishes the value,
+// one more script stores the value, publishes it and marks the lock done,
 // but only if the lock still holds its token. Everyone else subscribes to
 // the value's channel and waits, without polling, until the value arrives,
 // the holder reports a failure, or the holder's lock expires, at which point
@@ -106,7 +106,6 @@ type Client struct {
 
 	wg        sync.WaitGroup // flights' goroutines and the batcher's
 	callbacks sync.WaitGroup // fetch and start functions running
-	closing   chan struct{}  // closed when Close starts
 	closed    chan struct{}  // closed when Close has finished
 }
 
@@ -138,7 +137,6 @@ func New(rdb redis.UniversalClient, tag string, opts *Options) (*Client, error) 
 		failOpen: opts.FailOpen,
 		hashIDs:  opts.HashIDs,
 		onWait:   opts.OnWait,
-		closing:  make(chan struct{}),
 		closed:   make(chan struct{}),
 	}
 	c.sub = newSubscriber(rdb, &c.stats)
@@ -375,14 +373,10 @@ func (c *Client) ended() error {
 	return errAbandoned
 }
 
-func (c *Client) closingNow() bool {
-	select {
-	case <-c.closing:
-		return true
-	default:
-		return false
-	}
-}
+// closingNow reports whether Close has begun. It reads the flight group's
+// state, which Close sets before it cancels any flight, so that work ended
+// by Close always finds the client closing.
+func (c *Client) closingNow() bool { return c.flights.isClosed() }
 
 // notifyWait calls OnWait for a flight that starts waiting on holder.
 func (c *Client) notifyWait(f *flight, holder string) {
@@ -418,8 +412,7 @@ func (c *Client) Close() error {
 		}
 		return nil
 	}
-	close(c.closing) // before cancelling: a fetch that returns must see it
-	c.flights.cancel(flights)
+	c.flights.cancel(flights) // after close: a fetch that returns finds the client closing
 	for _, f := range flights {
 		c.flights.finish(f, nil, ErrClosed)
 	}

@@ -3,6 +3,7 @@ package memolock
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -212,5 +213,72 @@ func TestOriginalWaiter_SeesNothingWhenAMemolockHolderFails(t *testing.T) {
 	defer cancel()
 	if m, err := ps.ReceiveMessage(ctx); err == nil {
 		t.Fatalf("original waiter got %q on %q", m.Payload, m.Channel)
+	}
+}
+
+// A value deleted (an invalidation of the value alone, an eviction) while
+// its lock lingers as done is computed again at once: a done lock guards
+// nothing once its value is gone.
+func TestGet_DoneLockWithoutItsValueIsTakenOverAtOnce(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			c := newTestClient(t, b.addr, "gone", nil)
+			raw := rawClient(t, b.addr)
+			var calls atomic.Int64
+			if _, err := c.Get(bg(), "k", constFetch(&calls, "first", 0)); err != nil {
+				t.Fatal(err)
+			}
+			raw.Del(bg(), "gone:k")
+			other := newTestClient(t, b.addr, "gone", nil)
+			ctx, cancel := context.WithTimeout(bg(), 5*time.Second) // miniredis never expires the lock
+			defer cancel()
+			v, err := other.Get(ctx, "k", constFetch(&calls, "second", 0))
+			if err != nil || string(v) != "second" {
+				t.Fatalf("Get = %q, %v", v, err)
+			}
+			if s := other.Stats(); s.Waits != 0 {
+				t.Errorf("the second client waited on the done lock (%+v)", s)
+			}
+			lockDone(t, raw, "gone/lock:k")
+		})
+	}
+}
+
+// The external winner's done lock lingers no longer than the value the
+// producer stored, and not at all if that value is already gone.
+func TestGetExternal_DoneLockLingersNoLongerThanTheValue(t *testing.T) {
+	b := realBackend(t)
+	c := newTestClient(t, b.addr, "extv", nil)
+	raw := rawClient(t, b.addr)
+	v, err := c.GetExternal(bg(), "k", func(ctx context.Context, l *Lease) error {
+		go func() {
+			raw.Set(bg(), "extv:k", "brief", 100*time.Millisecond)
+			raw.Publish(bg(), "extv/notif:k", "brief")
+		}()
+		return nil
+	})
+	if err != nil || string(v) != "brief" {
+		t.Fatalf("GetExternal = %q, %v", v, err)
+	}
+	eventually(t, 5*time.Second, "the lock to be released", func() bool {
+		return !strings.HasPrefix(raw.Get(bg(), "extv/lock:k").Val(), "done:") || raw.PTTL(bg(), "extv/lock:k").Val() > 0
+	})
+	if ttl := raw.PTTL(bg(), "extv/lock:k").Val(); ttl > 100*time.Millisecond {
+		t.Errorf("done lock lingers %v, longer than the value's 100ms", ttl)
+	}
+}
+
+// A peer that sends a linger of 0 to the store script gets a deleted lock,
+// not an error after the value was written.
+func TestStoreScript_ZeroLingerDeletesTheLock(t *testing.T) {
+	b := realBackend(t)
+	raw := rawClient(t, b.addr)
+	raw.Set(bg(), "z/lock:k", "tok", time.Minute)
+	n, err := raw.Eval(bg(), storeSrc, []string{"z:k", "z/lock:k"}, "tok", "v", "0", "z/notif:k", "z/lock-event:k", "0").Int()
+	if err != nil || n != 1 {
+		t.Fatalf("store = %d, %v", n, err)
+	}
+	if raw.Exists(bg(), "z/lock:k").Val() != 0 || raw.Get(bg(), "z:k").Val() != "v" {
+		t.Error("want the value stored and the lock deleted")
 	}
 }

@@ -18,13 +18,20 @@ import (
 
 // acquireSrc returns the value, or takes the lock, or reports who holds it.
 // The reply's type tells which, so a hit, the hot path, returns the bare
-// value with no table to build.
+// value with no table to build. A lock left done by a store (see storeSrc)
+// whose value is gone (deleted, evicted, expired) guards nothing: it is
+// taken over at once.
 // KEYS: value, lock. ARGV: token, lock TTL in ms.
 // Reply: value (bulk string) | 1 (integer: locked by us) | {lock PTTL in ms, holder token}.
 const acquireSrc = `local v = redis.call('GET', KEYS[1])
 if v then return v end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
-return {redis.call('PTTL', KEYS[2]), redis.call('GET', KEYS[2])}
+local holder = redis.call('GET', KEYS[2])
+if holder and string.sub(holder, 1, 5) == 'done:' then
+  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return {redis.call('PTTL', KEYS[2]), holder}
 `
 
 // storeSrc stores the value and publishes it, but only while the lock still
@@ -37,7 +44,9 @@ return {redis.call('PTTL', KEYS[2]), redis.call('GET', KEYS[2])}
 // never longer than the value: an original redis-memolock peer looks up with
 // GET then SET NX, and one whose GET missed just before the store would
 // otherwise win the freed lock and compute again. A memolock lookup reads
-// the value first, so the lingering lock costs it nothing.
+// the value first, and takes over a done lock whose value is gone, so the
+// lingering lock costs memolock peers nothing. A linger under 1 ms deletes
+// the lock.
 // KEYS: value, lock. ARGV: token, value, value TTL in ms (0: no expiry),
 // value channel, events channel, linger in ms.
 // Reply: 1 stored, 0 lease lost.
@@ -46,31 +55,41 @@ const storeSrc = `if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   redis.call('PUBLISH', ARGV[5], 'abandon\n' .. ARGV[1] .. '\n')
   return 0
 end
-local linger = tonumber(ARGV[6])
+local linger = tonumber(ARGV[6]) or 0
 if ARGV[3] == '0' then
   redis.call('SET', KEYS[1], ARGV[2])
 else
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   linger = math.min(linger, tonumber(ARGV[3]))
 end
-redis.call('SET', KEYS[2], 'done:' .. ARGV[1], 'PX', linger)
+if linger >= 1 then
+  redis.call('SET', KEYS[2], 'done:' .. ARGV[1], 'PX', linger)
+else
+  redis.call('DEL', KEYS[2])
+end
 redis.call('PUBLISH', ARGV[4], ARGV[2])
 return 1
 `
 
 // releaseSrc deletes the lock if it still holds our token and, if an event
 // is given, publishes it on the events channel so that waiters need not
-// wait for the lock to expire. With a linger, it keeps the lock for that
-// long as "done:<token>" instead, as the store script does: a winner in
+// wait for the lock to expire. With a linger, it keeps the lock as
+// "done:<token>" instead, as the store script does, for at most as long as
+// the value has left (and deletes it if there is no value): a winner in
 // external mode releases so once the value has arrived.
-// KEYS: lock. ARGV: token, events channel, event (an empty one publishes
-// nothing), linger in ms (0: delete).
+// KEYS: lock, value. ARGV: token, events channel, event (an empty one
+// publishes nothing), linger in ms (0: delete).
 // Reply: 1 released, 0 not ours.
 const releaseSrc = `if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-if ARGV[4] == '0' then
-  redis.call('DEL', KEYS[1])
+local linger = tonumber(ARGV[4]) or 0
+if linger >= 1 then
+  local left = redis.call('PTTL', KEYS[2])
+  if left == -2 then linger = 0 elseif left >= 0 then linger = math.min(linger, left) end
+end
+if linger >= 1 then
+  redis.call('SET', KEYS[1], 'done:' .. ARGV[1], 'PX', linger)
 else
-  redis.call('SET', KEYS[1], 'done:' .. ARGV[1], 'PX', ARGV[4])
+  redis.call('DEL', KEYS[1])
 end
 if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
 return 1
@@ -192,9 +211,10 @@ func (p *protocol) store(ctx context.Context, id, token string, val []byte, ttl 
 }
 
 // release deletes the lock if it still holds token (or, with a linger,
-// keeps it that long as done), and publishes event. It reports whether it did.
+// keeps it as done for at most that long, see releaseSrc), and publishes
+// event. It reports whether it did.
 func (p *protocol) release(ctx context.Context, id, token, event string, linger time.Duration) (bool, error) {
-	n, err := releaseScript.Run(ctx, p.rdb, []string{p.keys.Lock(id)}, token, p.keys.Events(id), event, linger.Milliseconds()).Int()
+	n, err := releaseScript.Run(ctx, p.rdb, []string{p.keys.Lock(id), p.keys.Value(id)}, token, p.keys.Events(id), event, linger.Milliseconds()).Int()
 	if err != nil {
 		return false, fmt.Errorf("%w: releasing %s: %w", ErrRedis, quote(p.keys.Lock(id)), err)
 	}

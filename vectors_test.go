@@ -30,9 +30,11 @@ type vectors struct {
 	Scripts      map[string]scriptVector `json:"scripts"`
 	LingerMS     int64                   `json:"linger_ms"`
 	MaxEventText int                     `json:"max_event_text"`
+	Tags         []tagVector             `json:"tags"`
 	Keys         []keyVector             `json:"keys"`
 	HashedIDs    []hashVector            `json:"hashed_ids"`
 	Events       []eventVector           `json:"events"`
+	Parse        []parseVector           `json:"parse"`
 	Hosts        []hostVector            `json:"hosts"`
 	JSON         []jsonVector            `json:"json"`
 	Durations    []durationVector        `json:"durations"`
@@ -40,6 +42,18 @@ type vectors struct {
 
 type scriptVector struct {
 	SHA1 string `json:"sha1"`
+}
+
+type tagVector struct {
+	Tag   string `json:"tag"`
+	Valid bool   `json:"valid"`
+}
+
+type parseVector struct {
+	Payload []byte `json:"payload_b64"`
+	Kind    string `json:"kind"`
+	Token   string `json:"token"`
+	Text    []byte `json:"text_b64"`
 }
 
 type keyVector struct {
@@ -79,7 +93,8 @@ type jsonVector struct {
 
 type durationVector struct {
 	Text string `json:"text"`
-	MS   *int64 `json:"ms"`
+	MS   *int64 `json:"ms"` // truncated
+	NS   *int64 `json:"ns"`
 }
 
 // The inputs of the vectors. Their outputs come from the Go implementation.
@@ -110,10 +125,19 @@ var (
 		{"fail cut at 4096 bytes", eventFail, strings.Repeat("x", 5000)},
 		{"fail cut at a UTF-8 boundary", eventFail, strings.Repeat("€", 2000)},
 		{"fail with an empty message", eventFail, ""},
+		{"fail keeps a carriage return", eventFail, "line one\r\nline two"},
+		{"fail whose first line is empty", eventFail, "\nthe rest"},
+		{"fail with bytes that are not UTF-8", eventFail, "bad \xff\xfe bytes"},
+		{"fail of exactly 4096 bytes", eventFail, strings.Repeat("y", 4096)},
+		{"fail of 4097 bytes", eventFail, strings.Repeat("y", 4097)},
+		{"fail of stray continuation bytes", eventFail, strings.Repeat("\x80", 5000)},
 		{"abandon", eventAbandon, ""},
 	}
-	vectorHosts = []string{"build-7", "web01.example.com", "my_host", "héllo wörld", "box🦀", "a:b/c@d", ""}
-	vectorJSON  = []struct{ name, value string }{
+	vectorHosts = []string{"build-7", "web01.example.com", "my_host", "héllo wörld", "box🦀", "a:b/c@d", "", "h\xffst"}
+	vectorTags  = []string{"likes", "app:likes", "a/b", "ünï", "", "a/lock", "a/locks", "x/notif", "a/lock-event", "/notif"}
+	vectorParse = []string{"fail\ntok\nmsg", "fail\ntok\nmsg\nwith\nlines", "abandon\ntok\n", "abandon\ntok",
+		"fail\ntok\n", "fail\ntok", "fail", "", "future-kind\ntok\nwhatever", "fail\n\nno token"}
+	vectorJSON = []struct{ name, value string }{
 		{"string", `"hello"`},
 		{"HTML characters", `"<a href=\"x\">Tom & Jerry</a>"`},
 		{"UTF-8", `"héllo wörld 日本 🦀"`},
@@ -129,7 +153,7 @@ var (
 		{"record", `{"id": 42, "name": "Ada Lovelace", "tags": ["math", "engines"], "score": 99.5, "active": true, "manager": null}`},
 	}
 	vectorDurations = []string{"10s", "1m30s", "500ms", "1h", "1.5s", "2h45m10s", "0", "0s", "250ms", "1m", "",
-		"10", "1x", "s", "1 s", "ten seconds"}
+		"10", "1x", "s", "1 s", "ten seconds", "500us", "500µs", "1.5ms", ".5s", "1.s", "+1s", "-1s", "1h1h", "10000000h"}
 )
 
 const vectorToken = "9f86d081884c7d659a2feaa0c55ad015@build-7:4121"
@@ -150,6 +174,14 @@ func buildVectors(t *testing.T) vectors {
 		},
 		LingerMS:     lockLinger.Milliseconds(),
 		MaxEventText: maxEventText,
+	}
+	for _, tag := range vectorTags {
+		_, err := NewKeyScheme(tag)
+		v.Tags = append(v.Tags, tagVector{Tag: tag, Valid: err == nil})
+	}
+	for _, p := range vectorParse {
+		kind, token, text := parseEvent(p)
+		v.Parse = append(v.Parse, parseVector{Payload: []byte(p), Kind: kind, Token: token, Text: []byte(text)})
 	}
 	for _, k := range vectorKeys {
 		ks, err := NewKeyScheme(k.tag)
@@ -192,8 +224,8 @@ func buildVectors(t *testing.T) vectors {
 	for _, d := range vectorDurations {
 		dv := durationVector{Text: d}
 		if p, err := time.ParseDuration(d); err == nil {
-			ms := p.Milliseconds()
-			dv.MS = &ms
+			ms, ns := p.Milliseconds(), p.Nanoseconds()
+			dv.MS, dv.NS = &ms, &ns
 		}
 		v.Durations = append(v.Durations, dv)
 	}
@@ -225,6 +257,7 @@ func TestVectors(t *testing.T) {
 	for name, pair := range map[string][2]any{
 		"scripts": {got.Scripts, want.Scripts}, "linger_ms": {got.LingerMS, want.LingerMS},
 		"max_event_text": {got.MaxEventText, want.MaxEventText}, "keys": {got.Keys, want.Keys},
+		"tags": {got.Tags, want.Tags}, "parse": {got.Parse, want.Parse},
 		"hashed_ids": {got.HashedIDs, want.HashedIDs}, "events": {got.Events, want.Events},
 		"hosts": {got.Hosts, want.Hosts}, "durations": {got.Durations, want.Durations},
 	} {

@@ -25,7 +25,7 @@ func demo(args []string, stdout, stderr io.Writer) int {
 	clients := fs.Int("clients", 8, "independent clients, each with its own connections, like separate processes")
 	goroutines := fs.Int("goroutines", 200, "goroutines per client")
 	fetch := fs.Duration("fetch", 200*time.Millisecond, "how long the expensive computation takes")
-	interop := fs.Bool("interop", false, "run Go, Python and C# processes (memolock run) on one key instead")
+	interop := fs.Bool("interop", false, "run Go, Python and C# processes (memolock run) on one key instead (--fetch at least 1s)")
 	interopDir := fs.String("interop-dir", "interop", "with --interop: the repository's interop directory")
 	perPeer := fs.Int("processes", 2, "with --interop: processes per language")
 	if err := fs.Parse(args); err != nil {
@@ -74,12 +74,21 @@ func demo(args []string, stdout, stderr io.Writer) int {
 	id := "report-" + hex.EncodeToString(b[:])
 	const tag = "memolock-demo"
 	if *interop {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if set["clients"] || set["goroutines"] {
+			fmt.Fprintln(stderr, "memolock demo: --clients and --goroutines do not apply to --interop; use --processes")
+			return 2
+		}
+		if *fetch < time.Second {
+			*fetch = time.Second // so that every process, Mono's and Python's too, starts before it ends
+		}
 		defer func() {
 			cleanup := redis.NewClient(opts)
 			_ = cleanup.Del(context.Background(), tag+":"+id, tag+"/lock:"+id).Err()
 			_ = cleanup.Close()
 		}()
-		return demoInterop(*interopDir, url, where, id, *perPeer, max(*fetch, time.Second), stdout, stderr)
+		return demoInterop(*interopDir, url, where, id, *perPeer, *fetch, stdout, stderr)
 	}
 
 	fmt.Fprintf(stdout, "memolock demo: %d clients x %d goroutines ask for one missing key at once;\n", *clients, *goroutines)

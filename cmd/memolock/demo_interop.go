@@ -2,16 +2,22 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
+
+// demoLimit bounds the whole interop demo.
+const demoLimit = 3 * time.Minute
 
 // A peer is one implementation's `run` command, as the interop demo finds
 // it on this machine.
@@ -54,12 +60,14 @@ func findPeers(dir string, stderr io.Writer) []*peer {
 		cs.missing = fmt.Sprintf("no C# peer in %s", filepath.Join(dir, "csharp"))
 	case monoErr != nil:
 		cs.missing = "mono not found (apt-get install -y mono-runtime mono-mcs)"
-	case !exists(exe):
+	default:
+		// Build it whenever mcs is here, so that a stale build never runs.
 		if _, err := exec.LookPath("mcs"); err != nil {
-			cs.missing = "the C# peer is not built and mcs is not found (apt-get install -y mono-mcs)"
+			if !exists(exe) {
+				cs.missing = "the C# peer is not built and mcs is not found (apt-get install -y mono-mcs)"
+			}
 			break
 		}
-		fmt.Fprintln(stderr, "building the C# peer with mcs...")
 		if out, err := exec.Command("bash", filepath.Join(dir, "csharp", "build.sh")).CombinedOutput(); err != nil {
 			cs.missing = "building the C# peer failed: " + lastLine(out, err)
 		}
@@ -84,15 +92,23 @@ func lastLine(out []byte, err error) string {
 // key, all at once, and shows that one of them ran the command and all of
 // them printed its output. redisURL reaches the children through
 // MEMOLOCK_REDIS, never their command lines, since it may hold a password.
+// On SIGINT or SIGTERM, or after demoLimit, it stops the children (each
+// stops its command) and returns.
 func demoInterop(dir, redisURL, where, id string, perPeer int, fetch time.Duration, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, demoLimit)
+	defer cancel()
+
 	if !exists(dir) {
 		fmt.Fprintf(stderr, "memolock demo: no interop directory at %q: run the demo from the repository's root, or pass --interop-dir\n", dir)
 		return 2
 	}
-	var found []*peer
+	var found, missing []*peer
 	for _, p := range findPeers(dir, stderr) {
 		if p.missing != "" {
-			fmt.Fprintf(stdout, "  %-7s not found: %s\n", p.name, p.missing)
+			fmt.Fprintf(stdout, "  %-7s cannot run: %s\n", p.name, p.missing)
+			missing = append(missing, p)
 			continue
 		}
 		found = append(found, p)
@@ -125,14 +141,17 @@ func demoInterop(dir, redisURL, where, id string, perPeer int, fetch time.Durati
 	for i := range outcomes {
 		p := found[i%len(found)]
 		who := fmt.Sprintf("%s #%d", p.name, i/len(found)+1)
-		script := fmt.Sprintf(`echo run >> %q; sleep %.3f; printf 'the report, computed by %s (pid %%d)\n' $PPID`,
-			runs, fetch.Seconds(), who)
+		// Paths and names travel as arguments, never inside the script.
+		const script = `echo run >> "$1"; sleep "$2"; printf 'the report, computed by %s (pid %d)\n' "$3" "$PPID"`
 		argv := append(append([]string{}, p.argv...), "run", "--tag", "memolock-demo", "--id", id, "--ttl", "1m",
-			"--lock-ttl", "10s", "--wait", "2m", "--", "sh", "-c", script)
+			"--lock-ttl", "10s", "--wait", "2m", "--", "sh", "-c", script, "sh", runs, fmt.Sprintf("%.3f", fetch.Seconds()), who)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cmd := exec.Command(argv[0], argv[1:]...)
+			cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+			cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) } // it stops its command
+			cmd.WaitDelay = 5 * time.Second
+			dieWithParent(cmd)
 			cmd.Env = append(append(os.Environ(), p.env...), "MEMOLOCK_REDIS="+redisURL)
 			var out, errb bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &errb
@@ -153,6 +172,10 @@ func demoInterop(dir, redisURL, where, id string, perPeer int, fetch time.Durati
 	}
 	wg.Wait()
 
+	if ctx.Err() != nil {
+		fmt.Fprintf(stderr, "memolock demo: stopped: %v\n", context.Cause(ctx))
+		return 1
+	}
 	code := 0
 	for _, o := range outcomes {
 		if o.code != 0 {
@@ -161,6 +184,9 @@ func demoInterop(dir, redisURL, where, id string, perPeer int, fetch time.Durati
 			continue
 		}
 		fmt.Fprintf(stdout, "  %-10s %6v  %s", o.who, o.took.Round(time.Millisecond), o.out)
+		if !bytes.HasSuffix(o.out, []byte("\n")) {
+			fmt.Fprintln(stdout)
+		}
 		if !bytes.Equal(o.out, outcomes[0].out) {
 			code = 1
 		}
@@ -172,6 +198,13 @@ func demoInterop(dir, redisURL, where, id string, perPeer int, fetch time.Durati
 		fmt.Fprintln(stderr, "memolock demo: expected one run and the same output everywhere")
 		return 1
 	}
-	fmt.Fprintln(stdout, "One computation, shared byte for byte by every process and language.")
+	var names []string
+	for _, p := range found {
+		names = append(names, p.name)
+	}
+	fmt.Fprintf(stdout, "One computation, shared byte for byte by %s.\n", strings.Join(names, ", "))
+	if len(missing) > 0 {
+		fmt.Fprintf(stdout, "%d of the 3 languages could not run here: see above.\n", len(missing))
+	}
 	return 0
 }

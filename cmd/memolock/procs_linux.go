@@ -91,3 +91,9 @@ func descendants() []int {
 	}
 	return out
 }
+
+// dieWithParent has the kernel send cmd SIGTERM if memolock dies first
+// (the interop demo's children).
+func dieWithParent(cmd *exec.Cmd) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+}

@@ -23,3 +23,7 @@ func signalAll(pid int, _ bool, sig syscall.Signal) {
 func anyLeft(pid int) bool {
 	return !errors.Is(syscall.Kill(-pid, 0), syscall.ESRCH)
 }
+
+// dieWithParent is Linux only: elsewhere the demo's children outlive a
+// memolock that is killed.
+func dieWithParent(*exec.Cmd) {}
