@@ -1,0 +1,199 @@
+// memolock.exe run, as separate processes against a real redis-server.
+using System;
+using System.Collections.Generic;
+using System.Diagnostics;
+using System.IO;
+using System.Linq;
+using System.Text;
+using System.Threading;
+using MemoLockNet;
+
+namespace MemoLockTests
+{
+    static class CliTests
+    {
+        static string[] Run(RedisServer srv, string id, params string[] rest)
+        {
+            var a = new List<string> { "run", "--redis", srv.UrlText, "--tag", "cli", "--id", id };
+            a.AddRange(rest);
+            return a.ToArray();
+        }
+
+        static string Tmp(string name) { return Path.Combine(Path.GetTempPath(), "memolock-cs-" + Guid.NewGuid().ToString("N").Substring(0, 8) + "-" + name); }
+
+        static List<int> Descendants(int root) { return Cli.Descendants(root); }
+
+        [Test(TimeoutSeconds = 90)]
+        static void Run_StampedeRunsTheCommandOnceAndPrintsTheSameBytes()
+        {
+            using (var srv = new RedisServer())
+            {
+                string count = Tmp("count");
+                // Binary output, NUL and invalid UTF-8 included.
+                string script = "echo run >> " + count + "; sleep 1; printf 'line1\\n\\000\\377\\376 end'";
+                var procs = Enumerable.Range(0, 5).Select(_ => new Cli(Run(srv, "stampede", "--ttl", "1m", "--", "sh", "-c", script))).ToList();
+                var results = procs.Select(p => p.Wait()).ToList();
+                procs.ForEach(p => p.Dispose());
+                var want = new byte[] { (byte)'l', (byte)'i', (byte)'n', (byte)'e', (byte)'1', 10, 0, 0xff, 0xfe, (byte)' ', (byte)'e', (byte)'n', (byte)'d' };
+                foreach (var r in results)
+                {
+                    Assert.Equal(0, r.Code, "exit code: " + r);
+                    Assert.Bytes(want, r.Stdout, "stdout");
+                }
+                Assert.Equal(1, File.ReadAllLines(count).Length, "command runs");
+                Assert.True(results.Any(r => r.Stderr.Contains("memolock: waiting for cli:stampede, computed by ")), "waiters say on whom they wait: " + string.Join("|", results.Select(r => r.Stderr)));
+                File.Delete(count);
+                var hit = Cli.Run(Run(srv, "stampede", "--ttl", "1m", "--", "false"));
+                Assert.Equal(0, hit.Code, "hit: " + hit);
+                Assert.Bytes(want, hit.Stdout, "cached stdout");
+            }
+        }
+
+        [Test(TimeoutSeconds = 90)]
+        static void Run_FailingHolderPassesItsStatusAndWaitersFailAtOnce()
+        {
+            using (var srv = new RedisServer())
+            using (var holder = new Cli(Run(srv, "fail", "--ttl", "1m", "--", "sh", "-c", "sleep 1.5; echo partial; echo oops >&2; exit 7")))
+            {
+                Assert.Eventually(() => srv.Call("GET", "cli/lock:fail") != null, 20, "the holder took the lock");
+                var w = Cli.Run(Run(srv, "fail", "--ttl", "1m", "--", "echo", "never"));
+                var h = holder.Wait();
+                Assert.Equal(7, h.Code, "holder's exit: " + h);
+                Assert.Equal("partial\n", Encoding.UTF8.GetString(h.Stdout), "holder passes the output through");
+                Assert.Equal(1, w.Code, "waiter's exit: " + w);
+                Assert.True(w.Stderr.Contains("command exited with status 7"), "waiter reports the holder's error: " + w.Stderr);
+                Assert.True(w.Seconds < 10, "waiter failed at once");
+                Assert.Equal(null, srv.Call("GET", "cli:fail"), "nothing cached");
+            }
+        }
+
+        [Test(TimeoutSeconds = 90)]
+        static void Run_TakesOverAfterTheHolderIsKilled()
+        {
+            using (var srv = new RedisServer())
+            using (var holder = new Cli(Run(srv, "kill", "--ttl", "1m", "--lock-ttl", "1s", "--", "sh", "-c", "sleep 30; echo first")))
+            {
+                Assert.Eventually(() => srv.Call("GET", "cli/lock:kill") != null, 20, "the holder took the lock");
+                using (var waiter = new Cli(Run(srv, "kill", "--ttl", "1m", "--lock-ttl", "1s", "--", "echo", "second")))
+                {
+                    Assert.Eventually(() => waiter.StderrSoFar.Contains("waiting for"), 20, "the waiter waits");
+                    var sw = Stopwatch.StartNew();
+                    Assert.Eventually(() => Descendants(holder.Proc.Id).Count >= 2, 20, "the holder's command (sh and sleep) runs");
+                    var orphans = Descendants(holder.Proc.Id);
+                    holder.Proc.Kill(); // SIGKILL: no release, the lock must expire
+                    foreach (var pid in orphans) { try { Process.GetProcessById(pid).Kill(); } catch { } } // its command, left behind
+                    var r = waiter.Wait();
+                    Assert.Equal(0, r.Code, "waiter: " + r);
+                    Assert.Equal("second\n", Encoding.UTF8.GetString(r.Stdout), "the waiter ran the command itself");
+                    Assert.True(sw.Elapsed.TotalSeconds < 15, "took over soon after the 1 s lock expired: " + sw.Elapsed);
+                }
+            }
+        }
+
+        [Test(TimeoutSeconds = 90)]
+        static void Run_SigtermStopsTheCommandAndHandsTheLockOver()
+        {
+            using (var srv = new RedisServer())
+            using (var holder = new Cli(Run(srv, "term", "--ttl", "1m", "--", "sh", "-c", "sleep 30; echo first")))
+            {
+                Assert.Eventually(() => srv.Call("GET", "cli/lock:term") != null, 20, "the holder took the lock");
+                using (var waiter = new Cli(Run(srv, "term", "--ttl", "1m", "--", "echo", "second")))
+                {
+                    Assert.Eventually(() => waiter.StderrSoFar.Contains("waiting for"), 20, "the waiter waits");
+                    var sw = Stopwatch.StartNew();
+                    Process.Start("kill", "-TERM " + holder.Proc.Id).WaitForExit();
+                    var h = holder.Wait();
+                    Assert.Equal(143, h.Code, "holder interrupted by SIGTERM: " + h);
+                    var r = waiter.Wait();
+                    Assert.Equal(0, r.Code, "waiter: " + r);
+                    Assert.Equal("second\n", Encoding.UTF8.GetString(r.Stdout), "the waiter took over");
+                    Assert.True(sw.Elapsed.TotalSeconds < 8, "at once, not after the 10 s lock TTL: " + sw.Elapsed);
+                }
+            }
+        }
+
+        [Test(TimeoutSeconds = 60)]
+        static void Run_SigintInterruptsAWaiterWith130()
+        {
+            using (var srv = new RedisServer())
+            {
+                srv.Call("SET", "cli/lock:int", "someone", "PX", "60000");
+                using (var waiter = new Cli(Run(srv, "int", "--ttl", "1m", "--", "echo", "x")))
+                {
+                    Assert.Eventually(() => waiter.StderrSoFar.Contains("computed by someone"), 20, "the waiter waits");
+                    Process.Start("kill", "-INT " + waiter.Proc.Id).WaitForExit();
+                    var r = waiter.Wait();
+                    Assert.Equal(130, r.Code, "exit: " + r);
+                    Assert.Equal("someone", S((byte[])srv.Call("GET", "cli/lock:int")), "somebody else's lock untouched");
+                }
+            }
+        }
+
+        static string S(byte[] b) { return b == null ? null : Encoding.UTF8.GetString(b); }
+
+        [Test(TimeoutSeconds = 60)]
+        static void Run_WaitLimitExits124()
+        {
+            using (var srv = new RedisServer())
+            {
+                srv.Call("SET", "cli/lock:w", "someone", "PX", "60000");
+                var r = Cli.Run(Run(srv, "w", "--ttl", "1m", "--wait", "500ms", "--", "echo", "x"));
+                Assert.Equal(124, r.Code, "exit: " + r);
+                Assert.True(r.Stderr.Contains("gave up after"), "message: " + r.Stderr);
+            }
+        }
+
+        [Test(TimeoutSeconds = 60)]
+        static void Run_ExitCodesForCommandsThatCannotRun()
+        {
+            using (var srv = new RedisServer())
+            {
+                string noexec = Tmp("noexec");
+                File.WriteAllText(noexec, "echo hi\n"); // not executable
+                string noshebang = Tmp("noshebang");
+                File.WriteAllText(noshebang, "echo from sh\n");
+                Process.Start("chmod", "+x " + noshebang).WaitForExit();
+                try
+                {
+                    var r = Cli.Run(Run(srv, "nf", "--ttl", "1m", "--", "no-such-command-xyz"));
+                    Assert.Equal(127, r.Code, "not found: " + r);
+                    r = Cli.Run(Run(srv, "ne", "--ttl", "1m", "--", noexec));
+                    Assert.Equal(126, r.Code, "not executable: " + r);
+                    r = Cli.Run(Run(srv, "sh", "--ttl", "1m", "--", noshebang));
+                    Assert.Equal(0, r.Code, "no #!: " + r);
+                    Assert.Equal("from sh\n", Encoding.UTF8.GetString(r.Stdout), "ran with /bin/sh");
+                    r = Cli.Run(Run(srv, "sig", "--ttl", "1m", "--", "sh", "-c", "kill -9 $$"));
+                    Assert.Equal(137, r.Code, "killed by SIGKILL: " + r);
+                }
+                finally { File.Delete(noexec); File.Delete(noshebang); }
+            }
+        }
+
+        [Test(TimeoutSeconds = 60)]
+        static void Run_BadUsageExits2AndNeverPrintsThePassword()
+        {
+            var cases = new[]
+            {
+                new[] { "run", "--tag", "t", "--ttl", "1s", "--", "true" },                       // no --id
+                new[] { "run", "--tag", "t", "--id", "i", "--", "true" },                         // no --ttl
+                new[] { "run", "--tag", "t", "--id", "i", "--ttl", "10", "--", "true" },          // no unit
+                new[] { "run", "--tag", "t", "--id", "i", "--ttl", "-1s", "--", "true" },         // negative
+                new[] { "run", "--tag", "t", "--id", "i", "--ttl", "1s" },                        // no command
+                new[] { "run", "--tag", "a/lock", "--id", "i", "--ttl", "1s", "--", "true" },    // bad tag
+                new[] { "run", "--bogus", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "true" },
+                new[] { "run", "--redis", "user:s3cret@host", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "true" },
+                new[] { "frobnicate" },
+            };
+            foreach (var c in cases)
+            {
+                var r = Cli.Run(c);
+                Assert.Equal(2, r.Code, string.Join(" ", c) + ": " + r);
+                Assert.True(!r.Stderr.Contains("s3cret"), "password printed: " + r.Stderr);
+            }
+            // Unreachable Redis: exit 1, URL redacted.
+            var u = Cli.Run("run", "--redis", "redis://:s3cret@127.0.0.1:1", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "true");
+            Assert.Equal(1, u.Code, "unreachable: " + u);
+            Assert.True(!u.Stderr.Contains("s3cret") && u.Stderr.Contains("xxxxx@127.0.0.1:1"), "redacted: " + u.Stderr);
+        }
+    }
+}

@@ -1,0 +1,506 @@
+// Library tests against real redis-servers: hits, misses, coalescing,
+// stampedes across clients, failures, takeover, reconnects, external mode.
+using System;
+using System.Collections.Generic;
+using System.Diagnostics;
+using System.Linq;
+using System.Text;
+using System.Threading;
+using MemoLockNet;
+
+namespace MemoLockTests
+{
+    static class LibraryTests
+    {
+        /// <summary>A thread for body that never throws: an unhandled exception would end the runner.</summary>
+        static Thread Safe(Action body) { return new Thread(() => { try { body(); } catch (Exception) { } }) { IsBackground = true }; }
+
+        static byte[] B(string s) { return Encoding.UTF8.GetBytes(s); }
+        static string S(byte[] b) { return b == null ? null : Encoding.UTF8.GetString(b); }
+
+        /// <summary>Runs body with n clients of one tag on a fresh server.</summary>
+        static void With(int n, Action<RedisServer, MemoLock[]> body, TimeSpan? lockTtl = null, string tag = "t")
+        {
+            using (var srv = new RedisServer())
+            {
+                var ts = Enumerable.Range(0, n).Select(_ => srv.Transport()).ToArray();
+                var cs = ts.Select(t => new MemoLock(t, tag, lockTtl)).ToArray();
+                try { body(srv, cs); }
+                finally
+                {
+                    foreach (var c in cs) c.Close();
+                    foreach (var t in ts) t.Dispose();
+                }
+            }
+        }
+
+        [Test]
+        static void Get_MissComputesStoresAndLingersThenHits()
+        {
+            With(1, (srv, c) =>
+            {
+                int fetches = 0;
+                string token = null;
+                byte[] v = c[0].Get("k", l => { fetches++; token = l.Token; return (B("v1"), TimeSpan.FromSeconds(30)); });
+                Assert.Equal("v1", S(v), "value");
+                Assert.Equal("v1", S((byte[])srv.Call("GET", "t:k")), "stored value");
+                long pttl = (long)srv.Call("PTTL", "t:k");
+                Assert.True(pttl > 20000 && pttl <= 30000, "value TTL " + pttl);
+                Assert.Equal("done:" + token, S((byte[])srv.Call("GET", "t/lock:k")), "lock lingers as done:<token>");
+                long lp = (long)srv.Call("PTTL", "t/lock:k");
+                Assert.True(lp > 0 && lp <= 1000, "linger PTTL " + lp);
+                v = c[0].Get("k", l => { fetches++; return (B("v2"), TimeSpan.Zero); });
+                Assert.Equal("v1", S(v), "hit");
+                Assert.Equal(1, fetches, "fetches");
+            });
+        }
+
+        [Test]
+        static void Get_ValueTtlRoundsUpAndZeroMeansForever()
+        {
+            With(1, (srv, c) =>
+            {
+                c[0].Get("forever", l => (B("x"), TimeSpan.Zero));
+                Assert.Equal(-1L, (long)srv.Call("PTTL", "t:forever"), "no expiry");
+                c[0].Get("short", l => (B("x"), TimeSpan.FromTicks(3000))); // 0.3 ms
+                long lp = (long)srv.Call("PTTL", "t/lock:short");
+                Assert.True(lp <= 1, "linger at most the value's TTL: " + lp);
+            });
+        }
+
+        [Test]
+        static void Get_BulkOneIsAValueNotALock()
+        {
+            With(1, (srv, c) =>
+            {
+                srv.Call("SET", "t:one", "1");
+                Assert.Equal("1", S(c[0].Get("one", l => { throw new Exception("fetch must not run"); })), "value \"1\"");
+                srv.Call("SET", "t:empty", "");
+                Assert.Equal(0, c[0].Get("empty", l => { throw new Exception("fetch must not run"); }).Length, "empty value");
+            });
+        }
+
+        [Test]
+        static void Get_CoalescesConcurrentCallersInOneProcess()
+        {
+            With(1, (srv, c) =>
+            {
+                int fetches = 0;
+                var results = new byte[20][];
+                var threads = Enumerable.Range(0, 20).Select(i => Safe(() =>
+                {
+                    try { results[i] = c[0].Get("k", l => { Interlocked.Increment(ref fetches); Thread.Sleep(300); return (B("shared"), TimeSpan.Zero); }); } catch (Exception) { }
+                })).ToList();
+                threads.ForEach(t => t.Start());
+                threads.ForEach(t => t.Join());
+                Assert.Equal(1, fetches, "fetches");
+                Assert.True(results.All(r => S(r) == "shared"), "every caller got the value");
+                Assert.True(c[0].Coalesced >= 1, "calls were coalesced");
+            });
+        }
+
+        [Test]
+        static void Get_StampedeAcrossClientsComputesOnce()
+        {
+            With(5, (srv, cs) =>
+            {
+                int fetches = 0;
+                var results = new List<byte[]>();
+                var threads = new List<Thread>();
+                foreach (var c in cs)
+                    for (int k = 0; k < 4; k++)
+                        threads.Add(Safe(() =>
+                        {
+                            try
+                            {
+                                var v = c.Get("hot", l => { Interlocked.Increment(ref fetches); Thread.Sleep(500); return (B("computed once"), TimeSpan.FromMinutes(1)); });
+                                lock (results) results.Add(v);
+                            }
+                            catch (Exception) { }
+                        }));
+                threads.ForEach(t => t.Start());
+                threads.ForEach(t => t.Join());
+                Assert.Equal(1, fetches, "fetches across 5 clients");
+                Assert.Equal(20, results.Count(r => S(r) == "computed once"), "callers with the value");
+            });
+        }
+
+        [Test]
+        static void Get_WaitersFailWhenTheHolderFails()
+        {
+            With(2, (srv, cs) =>
+            {
+                var started = new ManualResetEvent(false);
+                Exception holderErr = null;
+                var holder = Safe(() =>
+                {
+                    try { cs[0].Get("f", l => { started.Set(); Thread.Sleep(500); throw new InvalidOperationException("backend down\nstack trace here"); }); }
+                    catch (Exception e) { holderErr = e; }
+                });
+                holder.Start();
+                started.WaitOne();
+                var sw = Stopwatch.StartNew();
+                var e2 = Assert.Throws<HolderFailedException>(() => cs[1].Get("f", l => (B("never"), TimeSpan.Zero)), "waiter");
+                Assert.Equal("backend down", e2.HolderMessage, "holder's first line");
+                Assert.True(sw.Elapsed.TotalSeconds < 5, "waiter failed quickly: " + sw.Elapsed);
+                holder.Join();
+                Assert.True(holderErr is InvalidOperationException, "holder's caller gets its own exception: " + holderErr);
+                Assert.Equal(null, srv.Call("GET", "t/lock:f"), "lock released");
+            });
+        }
+
+        [Test]
+        static void Get_FetchErrorsPublishFailEvents()
+        {
+            With(1, (srv, cs) =>
+            {
+                Assert.Throws<ArgumentNullException>(() => cs[0].Get("n", l => (null, TimeSpan.Zero)), "null value");
+                Assert.Throws<ArgumentOutOfRangeException>(() => cs[0].Get("neg", l => (B("x"), TimeSpan.FromSeconds(-1))), "negative TTL");
+                Assert.Equal(null, srv.Call("GET", "t:neg"), "nothing stored");
+                Assert.Equal(null, srv.Call("GET", "t/lock:neg"), "lock released");
+            });
+        }
+
+        [Test]
+        static void Get_TakesOverWhenTheHolderDies()
+        {
+            With(1, (srv, cs) =>
+            {
+                // A holder that died: its lock expires in 1 s, and nobody publishes.
+                srv.Call("SET", "t/lock:d", "deadbeef@gone:1", "PX", "1000");
+                string seen = null;
+                var sw = Stopwatch.StartNew();
+                var v = cs[0].Get("d", l => (B("mine"), TimeSpan.Zero));
+                Assert.Equal("mine", S(v), "value after takeover");
+                Assert.True(sw.Elapsed.TotalSeconds >= 0.8 && sw.Elapsed.TotalSeconds < 10, "took over after the lock expired: " + sw.Elapsed);
+                Assert.Equal(1L, cs[0].Takeovers, "takeovers");
+                Assert.Equal(null, seen, "no holder callback configured");
+            });
+        }
+
+        [Test]
+        static void Get_DoneLockWithoutItsValueIsTakenOverAtOnce()
+        {
+            With(1, (srv, cs) =>
+            {
+                srv.Call("SET", "t/lock:gone", "done:oldtoken", "PX", "60000"); // the value was deleted since
+                var sw = Stopwatch.StartNew();
+                Assert.Equal("recomputed", S(cs[0].Get("gone", l => (B("recomputed"), TimeSpan.Zero))), "value");
+                Assert.True(sw.Elapsed.TotalSeconds < 5, "did not wait for the done lock: " + sw.Elapsed);
+            });
+        }
+
+        [Test]
+        static void Get_LockWithoutTtlIsLookedAtAgainAfterOurLockTtl()
+        {
+            With(1, (srv, cs) =>
+            {
+                srv.Call("SET", "t/lock:nottl", "someone");
+                var t = Safe(() => { Thread.Sleep(700); srv.Call("DEL", "t/lock:nottl"); });
+                t.Start();
+                var v = cs[0].Get("nottl", l => (B("v"), TimeSpan.Zero));
+                Assert.Equal("v", S(v), "value");
+                t.Join();
+            }, TimeSpan.FromSeconds(1));
+        }
+
+        [Test]
+        static void Get_AbandonEventWakesWaitersAtOnce()
+        {
+            With(1, (srv, cs) =>
+            {
+                srv.Call("SET", "t/lock:a", "tok1", "PX", "60000");
+                var sw = Stopwatch.StartNew();
+                var t = Safe(() =>
+                {
+                    Thread.Sleep(500);
+                    srv.Call("DEL", "t/lock:a");
+                    srv.Call("PUBLISH", "t/lock-event:a", "abandon\ntok1\n");
+                });
+                t.Start();
+                var v = cs[0].Get("a", l => (B("after abandon"), TimeSpan.Zero));
+                Assert.Equal("after abandon", S(v), "value");
+                Assert.True(sw.Elapsed.TotalSeconds < 10, "did not wait out the 60 s lock: " + sw.Elapsed);
+                t.Join();
+            });
+        }
+
+        [Test]
+        static void Get_EventsOfOtherHoldersAreIgnored()
+        {
+            With(1, (srv, cs) =>
+            {
+                srv.Call("SET", "t/lock:o", "tok1", "PX", "60000");
+                var t = Safe(() =>
+                {
+                    Thread.Sleep(400);
+                    srv.Call("PUBLISH", "t/lock-event:o", "fail\nsomebody-else\nnot ours");
+                    Thread.Sleep(200);
+                    srv.Call("SET", "t:o", "published");
+                    srv.Call("PUBLISH", "t/notif:o", "published");
+                });
+                t.Start();
+                Assert.Equal("published", S(cs[0].Get("o", l => (B("x"), TimeSpan.Zero))), "value");
+                t.Join();
+            });
+        }
+
+        [Test]
+        static void Get_OriginalPeerValueWakesWaiters()
+        {
+            With(1, (srv, cs) =>
+            {
+                srv.Call("SET", "t/lock:p", "b7a5e3f0-uuid", "PX", "60000");
+                var t = Safe(() => { Thread.Sleep(300); srv.Call("SET", "t:p", "from peer"); srv.Call("PUBLISH", "t/notif:p", "from peer"); });
+                t.Start();
+                Assert.Equal("from peer", S(cs[0].Get("p", l => (B("x"), TimeSpan.Zero), TimeSpan.FromSeconds(20))), "value");
+                t.Join();
+            });
+        }
+
+        [Test]
+        static void Get_ReReadsAfterThePubSubConnectionIsKilled()
+        {
+            With(1, (srv, cs) =>
+            {
+                srv.Call("SET", "t/lock:r", "tok1", "PX", "60000");
+                byte[] got = null;
+                Exception err = null;
+                var waiter = Safe(() => { try { got = cs[0].Get("r", l => (B("x"), TimeSpan.Zero)); } catch (Exception e) { err = e; } });
+                waiter.Start();
+                Assert.Eventually(() => (long)((object[])srv.Call("PUBSUB", "NUMSUB", "t/notif:r"))[1] == 1, 10, "the waiter subscribed");
+                // The value is stored and published while the connection is dead:
+                // the publish is lost, and only the re-read finds it.
+                srv.Call("CLIENT", "KILL", "TYPE", "pubsub");
+                srv.Call("SET", "t:r", "stored during the gap");
+                srv.Call("PUBLISH", "t/notif:r", "stored during the gap");
+                Assert.True(waiter.Join(15000), "waiter woke");
+                Assert.Equal(null, err, "error");
+                Assert.Equal("stored during the gap", S(got), "value");
+                Assert.True(cs[0].Reconnects >= 1, "reconnected");
+            });
+        }
+
+        [Test]
+        static void Get_ValuePublishedAfterReconnectArrives()
+        {
+            With(1, (srv, cs) =>
+            {
+                srv.Call("SET", "t/lock:q", "tok1", "PX", "60000");
+                byte[] got = null;
+                var waiter = Safe(() => { try { got = cs[0].Get("q", l => (B("x"), TimeSpan.Zero)); } catch (Exception) { } });
+                waiter.Start();
+                Assert.Eventually(() => (long)((object[])srv.Call("PUBSUB", "NUMSUB", "t/notif:q"))[1] == 1, 10, "the waiter subscribed");
+                srv.Call("CLIENT", "KILL", "TYPE", "pubsub");
+                Assert.Eventually(() => cs[0].Reconnects >= 1 && (long)((object[])srv.Call("PUBSUB", "NUMSUB", "t/notif:q"))[1] == 1, 10, "resubscribed");
+                srv.Call("PUBLISH", "t/notif:q", "published later");
+                Assert.True(waiter.Join(15000), "waiter woke");
+                Assert.Equal("published later", S(got), "value");
+            });
+        }
+
+        [Test]
+        static void Get_SilentConnectionIsProbedAndReplaced()
+        {
+            With(1, (srv, cs) =>
+            {
+                srv.Call("SET", "t/lock:s", "tok1", "PX", "120000");
+                byte[] got = null;
+                var waiter = Safe(() => { try { got = cs[0].Get("s", l => (B("x"), TimeSpan.Zero)); } catch (Exception) { } });
+                waiter.Start();
+                Assert.Eventually(() => (long)((object[])srv.Call("PUBSUB", "NUMSUB", "t/notif:s"))[1] == 1, 10, "the waiter subscribed");
+                // A stopped server answers nothing and resets nothing: only the
+                // probe PING (after 3 s of silence, given 3 s more) notices.
+                srv.Signal("STOP");
+                try { Assert.Eventually(() => cs[0].Reconnects >= 1, 15, "the silent connection was replaced"); }
+                finally { srv.Signal("CONT"); }
+                // The new connection's marker may come back before or after
+                // this: the re-read or the message brings the value.
+                srv.Call("SET", "t:s", "after the silence");
+                srv.Call("PUBLISH", "t/notif:s", "after the silence");
+                Assert.True(waiter.Join(15000), "waiter woke");
+                Assert.Equal("after the silence", S(got), "value");
+            });
+        }
+
+        [Test]
+        static void Get_TimeoutGivesUpAndLeavesTheFlight()
+        {
+            With(1, (srv, cs) =>
+            {
+                srv.Call("SET", "t/lock:w", "tok1", "PX", "60000");
+                var sw = Stopwatch.StartNew();
+                Assert.Throws<MemoLockTimeoutException>(() => cs[0].Get("w", l => (B("x"), TimeSpan.Zero), TimeSpan.FromMilliseconds(300)), "timeout");
+                Assert.True(sw.Elapsed.TotalSeconds < 5, "gave up in time");
+                Assert.Eventually(() => (long)((object[])srv.Call("PUBSUB", "NUMSUB", "t/notif:w"))[1] == 0, 10, "unsubscribed after the flight ended");
+            });
+        }
+
+        [Test]
+        static void Get_OwnTokenBusyReplyMeansTheLockIsOurs()
+        {
+            using (var srv = new RedisServer())
+            using (var t = srv.Transport())
+            {
+                var p = new Protocol(t, new KeyScheme("t"));
+                string tok = Tokens.New();
+                Assert.Equal(ReplyKind.Locked, p.Acquire(B("x"), tok, 5000).Kind, "first acquire");
+                var r = p.Acquire(B("x"), tok, 5000);
+                Assert.Equal(ReplyKind.Locked, r.Kind, "retried acquire with our token");
+                Assert.True(r.Pttl > 0 && r.Pttl <= 5000, "pttl of our lock " + r.Pttl);
+                var other = p.Acquire(B("x"), Tokens.New(), 5000);
+                Assert.Equal(ReplyKind.Busy, other.Kind, "another token");
+                Assert.Equal(tok, other.Holder, "holder");
+            }
+        }
+
+        [Test]
+        static void Scripts_FallBackToEvalOnNoScript()
+        {
+            using (var srv = new RedisServer())
+            using (var t = srv.Transport())
+            {
+                srv.Call("SCRIPT", "FLUSH");
+                var p = new Protocol(t, new KeyScheme("t"));
+                Assert.Equal(ReplyKind.Locked, p.Acquire(B("s"), "tok", 1000).Kind, "acquire through EVAL");
+                Assert.Equal(1L, ((object[])srv.Call("SCRIPT", "EXISTS", Scripts.Acquire.Sha1))[0], "script loaded under the vector's sha1");
+            }
+        }
+
+        [Test]
+        static void Lease_IsRenewedWhileFetchRuns()
+        {
+            With(2, (srv, cs) =>
+            {
+                byte[] other = null;
+                var v = cs[0].Get("long", l =>
+                {
+                    Thread.Sleep(1500); // three lock TTLs of 500 ms
+                    Assert.True(l.Held(), "lease still held");
+                    var t = Safe(() => { try { other = cs[1].Get("long", l2 => (B("second fetch"), TimeSpan.Zero)); } catch (Exception) { } });
+                    t.Start();
+                    Thread.Sleep(300);
+                    return (B("first"), TimeSpan.Zero);
+                });
+                Assert.Equal("first", S(v), "holder's value");
+                Assert.Eventually(() => other != null, 10, "the other client's value");
+                Assert.Equal("first", S(other), "nobody took over a renewed lease");
+            }, TimeSpan.FromMilliseconds(500));
+        }
+
+        [Test]
+        static void External_WinnerStartsWorkAndReleasesWhenTheValueArrives()
+        {
+            With(2, (srv, cs) =>
+            {
+                string token = null;
+                int starts = 0;
+                Action<Lease> start = l =>
+                {
+                    Interlocked.Increment(ref starts);
+                    token = l.Token;
+                    Safe(() => { Thread.Sleep(400); srv.Call("SET", "t:x", "produced"); srv.Call("PUBLISH", "t/notif:x", "produced"); }).Start();
+                };
+                byte[] b = null;
+                var waiter = Safe(() => { try { Thread.Sleep(100); b = cs[1].GetExternal("x", start); } catch (Exception) { } });
+                waiter.Start();
+                var a = cs[0].GetExternal("x", start);
+                waiter.Join();
+                Assert.Equal("produced", S(a), "winner's value");
+                Assert.Equal("produced", S(b), "waiter's value");
+                Assert.Equal(1, starts, "started once");
+                Assert.Eventually(() => S((byte[])srv.Call("GET", "t/lock:x")) != token, 5, "lock released");
+                var l2 = (byte[])srv.Call("GET", "t/lock:x");
+                Assert.True(l2 == null || S(l2) == "done:" + token, "lock released with linger: " + S(l2));
+            });
+        }
+
+        [Test]
+        static void External_ProducerFailureReachesWinnerAndWaiters()
+        {
+            With(1, (srv, cs) =>
+            {
+                var e = Assert.Throws<HolderFailedException>(() => cs[0].GetExternal("y", l =>
+                {
+                    var tok = l.Token;
+                    Safe(() => { Thread.Sleep(300); srv.Call("PUBLISH", "t/lock-event:y", "fail\n" + tok + "\nproducer broke"); }).Start();
+                }), "winner");
+                Assert.Equal("producer broke", e.HolderMessage, "message");
+                Assert.Equal(null, srv.Call("GET", "t/lock:y"), "lock released");
+            });
+        }
+
+        [Test]
+        static void Close_ReleasesHeldLocksAndStopsWaiters()
+        {
+            using (var srv = new RedisServer())
+            using (var t1 = srv.Transport())
+            using (var t2 = srv.Transport())
+            {
+                var a = new MemoLock(t1, "t");
+                var b = new MemoLock(t2, "t");
+                var entered = new ManualResetEvent(false);
+                Exception aErr = null;
+                var ta = Safe(() =>
+                {
+                    try { a.Get("c", l => { entered.Set(); l.Cancellation.WaitHandle.WaitOne(); throw new OperationCanceledException(); }); }
+                    catch (Exception e) { aErr = e; }
+                });
+                ta.Start();
+                entered.WaitOne();
+                byte[] bv = null;
+                var tb = Safe(() => { try { bv = b.Get("c", l => (B("b took over"), TimeSpan.Zero)); } catch (Exception) { } });
+                tb.Start();
+                Assert.Eventually(() => (long)((object[])srv.Call("PUBSUB", "NUMSUB", "t/notif:c"))[1] == 1, 10, "b waits");
+                var sw = Stopwatch.StartNew();
+                a.Close();
+                ta.Join();
+                Assert.True(aErr is MemoLockClosedException, "a's caller gets closed: " + aErr);
+                Assert.True(tb.Join(10000), "b woke");
+                Assert.Equal("b took over", S(bv), "b took over after the abandon event");
+                Assert.True(sw.Elapsed.TotalSeconds < 5, "at once, not after the 10 s lock TTL");
+                Assert.Throws<MemoLockClosedException>(() => a.Get("c", l => (B("x"), TimeSpan.Zero)), "Get after Close");
+                b.Close();
+                Assert.Eventually(() => ((byte[])srv.Call("CLIENT", "LIST", "TYPE", "pubsub")).Length == 0, 5, "no pub/sub connection left");
+            }
+        }
+
+        [Test]
+        static void Transport_UnixSocketAndAuth()
+        {
+            using (var srv = new RedisServer("s3cret", true))
+            {
+                foreach (var url in new[] { "unix://:s3cret@" + srv.Socket, "redis://default:s3cret@127.0.0.1:" + srv.Port + "/3", "redis://s3cret@127.0.0.1:" + srv.Port })
+                    using (var t = new RespTransport(url))
+                    using (var c = new MemoLock(t, "u"))
+                        Assert.Equal("via " + url.Substring(0, 5), S(c.Get("k" + url.Length, l => (B("via " + url.Substring(0, 5)), TimeSpan.Zero))), url);
+                Assert.Equal(null, srv.Call("GET", "u:k" + ("redis://default:s3cret@127.0.0.1:" + srv.Port + "/3").Length), "db 3 is not db 0");
+                using (var t = new RespTransport("redis://:wrong@127.0.0.1:" + srv.Port))
+                    Assert.Throws<RedisReplyException>(() => t.Get(B("x")), "wrong password");
+            }
+        }
+
+        [Test]
+        static void GetJson_StoresGoEncoding()
+        {
+            With(1, (srv, cs) =>
+            {
+                var v = cs[0].GetJson("j", l => (new Dictionary<string, object> { { "b", 1.5 }, { "a", new List<object> { "<x>", null, true } } }, TimeSpan.Zero));
+                Assert.Equal("{\"a\":[\"\\u003cx\\u003e\",null,true],\"b\":1.5}", S((byte[])srv.Call("GET", "t:j")), "stored JSON");
+                Assert.Equal(1.5, (double)((Dictionary<string, object>)v)["b"], "parsed back");
+            });
+        }
+
+        [Test]
+        static void Get_HashIdsSendsTheSha256()
+        {
+            using (var srv = new RedisServer())
+            using (var t = srv.Transport())
+            using (var c = new MemoLock(t, "h", null, true))
+            {
+                c.Get("kristoff", l => (B("v"), TimeSpan.Zero));
+                Assert.Equal("v", S((byte[])srv.Call("GET", "h:3a0bb1ac850df99bc67149763ee4fef4f16b24d57426ce751516e0853f9595d6")), "hashed key");
+            }
+        }
+    }
+}
