@@ -222,14 +222,27 @@ class _Flight:
         self.task = None
 
 
-async def _call(fn, *args):
-    """Calls a user function: awaited if async, else in a worker thread."""
+async def _call(c, fn, *args):
+    """Calls a user function: awaited if async, else in a worker thread.
+
+    A coroutine runs as a task of its own, which close() cancels (as Go's
+    Close cancels a fetch's context) without cancelling the flight, which
+    then hands the lock over. A thread cannot be cancelled: it sees
+    lease.cancelled, and close() waits for it."""
     if inspect.iscoroutinefunction(fn):
-        return await fn(*args)
-    res = await asyncio.to_thread(fn, *args)
-    if inspect.isawaitable(res):
-        res = await res
-    return res
+        aw = fn(*args)
+    else:
+        aw = await asyncio.to_thread(fn, *args)
+        if not inspect.isawaitable(aw):
+            return aw
+    t = asyncio.ensure_future(aw)
+    c._user_tasks[t] = asyncio.current_task()
+    if c._closing.is_set():
+        t.cancel()
+    try:
+        return await t
+    finally:
+        c._user_tasks.pop(t, None)
 
 
 class AsyncClient:
@@ -247,7 +260,8 @@ class AsyncClient:
         self._sub = AsyncSubscriber(redis_client)
         self._flights = {}
         self._tasks = set()
-        self._callbacks = set()  # tasks running user functions
+        self._callbacks = set()  # flight tasks running user functions
+        self._user_tasks = {}  # task running a coroutine fetch/start -> its flight task
         self._closed = False
         self._closing = asyncio.Event()
         self._closed_done = asyncio.Event()
@@ -273,8 +287,10 @@ class AsyncClient:
     async def close(self):
         """Releases held locks, wakes waiters with Closed, waits for running
         fetches, stops the listener task."""
+        me = asyncio.current_task()
+        flight = self._user_tasks.get(me, me)  # the flight running this callback, if any
         if self._closed:
-            if asyncio.current_task() not in self._callbacks:
+            if flight not in self._callbacks:
                 await self._closed_done.wait()
             return
         self._closed = True
@@ -282,9 +298,11 @@ class AsyncClient:
         for f in list(self._flights.values()):
             f.stopped = True
             self._finish(f, None, Closed("memolock: client closed"))
-        me = asyncio.current_task()
-        if me in self._callbacks:
-            t = asyncio.get_running_loop().create_task(self._shutdown(me))
+        for t in list(self._user_tasks):
+            if t is not me:
+                t.cancel()
+        if flight in self._callbacks:
+            t = asyncio.get_running_loop().create_task(self._shutdown(flight))
             self._tasks.add(t)
             return
         await self._shutdown(None)
@@ -418,7 +436,8 @@ class AsyncClient:
     async def _release(self, f, event, linger_ms=0):
         try:
             return await asyncio.wait_for(self._scripts["release"](
-                keys=[self.keys.lock(f.key)], args=[f.token, self.keys.events(f.key), event, linger_ms]),
+                keys=[self.keys.lock(f.key), self.keys.value(f.key)],
+                args=[f.token, self.keys.events(f.key), event, linger_ms]),
                 P.CLOSE_WAIT * 5) == 1
         except Exception:
             return False
@@ -450,7 +469,7 @@ class AsyncClient:
         dog = asyncio.get_running_loop().create_task(self._watchdog(f, first))
         err = None
         try:
-            val, ttl = await _call(f.fetch, lease)
+            val, ttl = await _call(self, f.fetch, lease)
             val, ttl_ms = P.check_value(val, ttl)
         except BaseException as e:  # noqa: BLE001
             err = e
@@ -463,7 +482,7 @@ class AsyncClient:
             self._callbacks.discard(me)
         if err is not None and (self._closing.is_set() or not isinstance(err, Exception)):
             await self._release(f, P.abandon_event(f.token))
-            if isinstance(err, Exception):
+            if isinstance(err, (Exception, asyncio.CancelledError)) and self._closing.is_set():
                 raise Closed("memolock: client closed") from err
             raise err
         if err is not None:
@@ -497,7 +516,7 @@ class AsyncClient:
         me = asyncio.current_task()
         self._callbacks.add(me)
         try:
-            await _call(f.start, AsyncLease(self, f.key, f.token))
+            await _call(self, f.start, AsyncLease(self, f.key, f.token))
         except BaseException as e:
             await self._release(f, P.fail_event(f.token, e))
             raise
@@ -563,7 +582,7 @@ class _AsyncWait:
             if left <= 0:
                 return _AGAIN
             try:
-                await asyncio.wait_for(f.wake.wait(), left)
+                await asyncio.wait_for(f.wake.wait(), min(left, P.MAX_SLEEP))
             except asyncio.TimeoutError:
                 pass
 

@@ -10,6 +10,7 @@ fail at once; 124 when --wait runs out; 126/127 cannot execute / not found;
 import ctypes
 import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +28,10 @@ from .protocol import DEFAULT_LOCK_TTL
 EXIT_FAILURE, EXIT_USAGE, EXIT_WAIT_LIMIT, EXIT_CANNOT_EXEC, EXIT_NOT_FOUND, EXIT_SIGNAL_BASE = 1, 2, 124, 126, 127, 128
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
 KILL_GRACE = 2.0
+#: Bound on one Redis reply (go-redis's default ReadTimeout).
+COMMAND_TIMEOUT = 3.0
+#: The wait without --wait: for ever, in practice.
+NO_LIMIT = 10.0 ** 9
 WITHHELD = "(URL withheld)"
 
 USAGE = """usage: python3 -m memolock run --tag T --id ID --ttl D [--redis URL] [--lock-ttl D] [--wait D] -- CMD [ARGS...]
@@ -228,17 +233,23 @@ class Signals:
 
 
 def _start(argv, stdout_fd):
+    path = argv[0]
+    if "/" not in path:
+        # As Go's exec.LookPath: only an executable file on $PATH counts
+        # (a match without the x bit is "not found", 127, not 126).
+        found = shutil.which(path)
+        if found is None:
+            raise StartError(EXIT_NOT_FOUND, f'exec: "{path}": executable file not found in $PATH')
+        path = found
     try:
-        return subprocess.Popen(argv, stdout=stdout_fd, close_fds=True)
+        return subprocess.Popen(argv, executable=path, stdout=stdout_fd, close_fds=True)
     except OSError as e:
         if e.errno == errno.ENOEXEC:
-            return _start(["/bin/sh"] + argv, stdout_fd)
-        path = argv[0]
+            # As Go: /bin/sh runs the file found, not a name it would look up itself.
+            return _start(["/bin/sh", path] + argv[1:], stdout_fd)
         if isinstance(e, FileNotFoundError):
-            if "/" in path and os.path.exists(path):
+            if os.path.exists(path):
                 raise StartError(EXIT_CANNOT_EXEC, f"{path}: bad interpreter: {e.strerror}")
-            if "/" not in path:
-                raise StartError(EXIT_NOT_FOUND, f'exec: "{path}": executable file not found in $PATH')
             raise StartError(EXIT_NOT_FOUND, f"{path}: {e.strerror}")
         raise StartError(EXIT_CANNOT_EXEC, f"{path}: {e.strerror}")
 
@@ -343,6 +354,15 @@ class Progress:
             self.thread.join()
 
 
+def _in_thread(fn):
+    """Runs fn on another thread, waiting for it in short steps so that the
+    signal handlers, which run on this (the main) thread, are not held up."""
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(0.05)
+
+
 def run(args, stdout=None, stderr=None):
     stdout = stdout or sys.stdout.buffer
     stderr = stderr or sys.stderr
@@ -352,7 +372,7 @@ def run(args, stdout=None, stderr=None):
     opts, argv = parsed
     tag, id = opts.get("tag", ""), opts.get("id", "")
     ttl, wait = opts.get("ttl"), opts.get("wait", 0)
-    lock_ttl = opts.get("lock-ttl", int(DEFAULT_LOCK_TTL * 1e9))
+    lock_ttl = opts.get("lock-ttl", 0) or int(DEFAULT_LOCK_TTL * 1e9)  # 0: the default, as Go
     if not tag or not id:
         print("memolock run: --tag and --id are required", file=stderr)
         return EXIT_USAGE
@@ -375,7 +395,8 @@ def run(args, stdout=None, stderr=None):
         return EXIT_USAGE
     try:
         extra = {} if url.startswith("unix:") else {"socket_connect_timeout": 5}
-        rdb = redis.Redis.from_url(url, socket_timeout=30, **extra)
+        # go-redis's default read timeout: a stalled Redis fails the run, it does not hang it.
+        rdb = redis.Redis.from_url(url, socket_timeout=COMMAND_TIMEOUT, **extra)
     except Exception:
         print(f"memolock run: --redis {redact(url)} is not a valid Redis URL", file=stderr)
         return EXIT_USAGE
@@ -411,14 +432,25 @@ def run(args, stdout=None, stderr=None):
             raise
         return out, ttl / 1e9
 
-    out, err = None, None
-    try:
-        out = client.get(id, fetch, timeout=(wait / 1e9) if wait > 0 else None)
-    except BaseException as e:  # noqa: BLE001
-        err = e
-    client.close()
+    box = {}
+
+    def call():
+        try:
+            # Always with a timeout, so that the flight runs on a thread of
+            # its own and close() ends this wait at once, even while a Redis
+            # call hangs.
+            box["out"] = client.get(id, fetch, timeout=(wait / 1e9) if wait > 0 else NO_LIMIT)
+        except BaseException as e:  # noqa: BLE001
+            box["err"] = e
+
+    # The main thread only polls: Python runs signal handlers on it, and a
+    # blocking wait there (Event.wait with a timeout) is not interrupted by
+    # a signal, so that a handler could run only once the wait ends.
+    _in_thread(call)
+    _in_thread(client.close)
     closer_stop.set()
-    ct.join()
+    _in_thread(ct.join)
+    out, err = box.get("out"), box.get("err")
     progress.stop()
     sig.restore()
     rdb.close()

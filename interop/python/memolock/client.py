@@ -296,7 +296,8 @@ class Client:
         publishing event; reports whether it did. Failures are harmless."""
         try:
             return self._scripts["release"](
-                keys=[self.keys.lock(f.key)], args=[f.token, self.keys.events(f.key), event, linger_ms]) == 1
+                keys=[self.keys.lock(f.key), self.keys.value(f.key)],
+                args=[f.token, self.keys.events(f.key), event, linger_ms]) == 1
         except Exception:
             return False
 
@@ -425,13 +426,15 @@ class _Wait:
         f = self.f
         notif = self.c.keys.notif(f.key)
         while True:
+            # take() clears the wake-up signal: read the flags after it, so
+            # that a close or a last caller's leaving just before is seen.
+            ev = self.c._sub.take(self.w)
             if f.done.is_set():
                 if f.err is not None:
                     raise f.err
                 return f.val
             if f.stopped.is_set():
                 raise self.c._ended()
-            ev = self.c._sub.take(self.w)
             if ev.closed:
                 raise Closed("memolock: client closed")
             if ev.err is not None:
@@ -454,7 +457,7 @@ class _Wait:
             left = self.deadline - time.monotonic()
             if left <= 0:
                 return _AGAIN
-            f.wake.wait(left)
+            f.wake.wait(min(left, P.MAX_SLEEP))
 
     def value(self, v):
         if self.own:

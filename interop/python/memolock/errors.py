@@ -32,7 +32,7 @@ class HolderFailed(MemolockError):
         if isinstance(message, bytes):
             message = message.decode("utf-8", "replace")
         self.message = message
-        super().__init__(f"the lock holder's fetch failed: {message}")
+        super().__init__(f"memolock: the lock holder's fetch failed: {message}")
 
 
 class Abandoned(MemolockError):

@@ -15,7 +15,12 @@ from .errors import InvalidArgument
 ACQUIRE_SRC = r"""local v = redis.call('GET', KEYS[1])
 if v then return v end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
-return {redis.call('PTTL', KEYS[2]), redis.call('GET', KEYS[2])}
+local holder = redis.call('GET', KEYS[2])
+if holder and string.sub(holder, 1, 5) == 'done:' then
+  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return {redis.call('PTTL', KEYS[2]), holder}
 """
 
 STORE_SRC = r"""if redis.call('GET', KEYS[2]) ~= ARGV[1] then
@@ -23,23 +28,32 @@ STORE_SRC = r"""if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   redis.call('PUBLISH', ARGV[5], 'abandon\n' .. ARGV[1] .. '\n')
   return 0
 end
-local linger = tonumber(ARGV[6])
+local linger = tonumber(ARGV[6]) or 0
 if ARGV[3] == '0' then
   redis.call('SET', KEYS[1], ARGV[2])
 else
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   linger = math.min(linger, tonumber(ARGV[3]))
 end
-redis.call('SET', KEYS[2], 'done:' .. ARGV[1], 'PX', linger)
+if linger >= 1 then
+  redis.call('SET', KEYS[2], 'done:' .. ARGV[1], 'PX', linger)
+else
+  redis.call('DEL', KEYS[2])
+end
 redis.call('PUBLISH', ARGV[4], ARGV[2])
 return 1
 """
 
 RELEASE_SRC = r"""if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-if ARGV[4] == '0' then
-  redis.call('DEL', KEYS[1])
+local linger = tonumber(ARGV[4]) or 0
+if linger >= 1 then
+  local left = redis.call('PTTL', KEYS[2])
+  if left == -2 then linger = 0 elseif left >= 0 then linger = math.min(linger, left) end
+end
+if linger >= 1 then
+  redis.call('SET', KEYS[1], 'done:' .. ARGV[1], 'PX', linger)
 else
-  redis.call('SET', KEYS[1], 'done:' .. ARGV[1], 'PX', ARGV[4])
+  redis.call('DEL', KEYS[1])
 end
 if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
 return 1
@@ -62,6 +76,11 @@ LINGER_MS = 1000
 MAX_EVENT_TEXT = 4096
 #: Payload prefix of the marker PINGs on the pub/sub connection.
 MARKER_PREFIX = b"memolock:"
+
+#: Bound on a PTTL read from Redis, as Go's maxPTTL (about 290 years).
+MAX_PTTL_MS = (2**63 - 1 - 10**6) // 10**6
+#: Longest single sleep of a waiter (threading's TIMEOUT_MAX is ~292 years).
+MAX_SLEEP = 3600.0
 
 EVENT_FAIL = b"fail"
 EVENT_ABANDON = b"abandon"
@@ -217,6 +236,9 @@ def decode_acquire(res, token):
         pttl, holder = res
         if not isinstance(holder, bytes):
             return Reply(BUSY, pttl=0, holder=b"")  # expired between PTTL and GET
+        # The original Go peer renews with nanoseconds as seconds: bound a
+        # PTTL of centuries as Go does (maxPTTL), so that timers never overflow.
+        pttl = min(pttl, MAX_PTTL_MS)
         if holder == token:
             return Reply(LOCKED, pttl=pttl)
         return Reply(BUSY, pttl=pttl, holder=holder)

@@ -97,11 +97,27 @@ def test_json(vectors):
 def test_durations(vectors):
     assert vectors["durations"]
     for d in vectors["durations"]:
-        if d["ms"] is None:
+        want = d["ns"] if "ns" in d else (None if d["ms"] is None else d["ms"] * 10**6)
+        if want is None:
             with pytest.raises(ValueError):
                 parse_duration_ns(d["text"])
         else:
-            assert parse_duration_ns(d["text"]) == d["ms"] * 10**6, d["text"]
+            assert parse_duration_ns(d["text"]) == want, d["text"]
+
+
+def test_tags(vectors):
+    for t in vectors.get("tags", []):
+        if t["valid"]:
+            P.KeyScheme(t["tag"])
+        else:
+            with pytest.raises(ValueError):
+                P.KeyScheme(t["tag"])
+
+
+def test_parse(vectors):
+    for p in vectors.get("parse", []):
+        kind, token, text = P.parse_event(b64(p["payload_b64"]))
+        assert (kind, token, text) == (p["kind"].encode(), p["token"].encode(), b64(p["text_b64"])), p
 
 
 def test_token_format():
