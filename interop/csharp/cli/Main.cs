@@ -44,7 +44,8 @@ namespace MemoLockCli
                 string a = args[i];
                 if (a == "--") { i++; break; }
                 if (a.Length < 2 || a[0] != '-') break;
-                string name = a.TrimStart('-');
+                string name = a.Substring(a[1] == '-' ? 2 : 1);
+                if (name.Length == 0 || name[0] == '-' || name[0] == '=') { stderr.Write("bad flag syntax: " + a + "\n" + Usage); return ExitUsage; }
                 string val = null;
                 int eq = name.IndexOf('=');
                 if (eq >= 0) { val = name.Substring(eq + 1); name = name.Substring(0, eq); }
@@ -78,6 +79,7 @@ namespace MemoLockCli
             vals.TryGetValue("id", out id);
             vals.TryGetValue("redis", out redisUrl);
             TimeSpan ttl = durs["ttl"], lockTtl = durs["lock-ttl"], wait = durs["wait"];
+            if (lockTtl == TimeSpan.Zero) lockTtl = MemoLock.DefaultLockTtl; // as Go's Options: 0 is the default
             if (string.IsNullOrEmpty(tag) || string.IsNullOrEmpty(id)) { stderr.WriteLine("memolock run: --tag and --id are required"); return ExitUsage; }
             if (!vals.ContainsKey("ttl")) { stderr.WriteLine("memolock run: --ttl is required (0 caches for ever)"); return ExitUsage; }
             if (ttl < TimeSpan.Zero) { stderr.WriteLine("memolock run: --ttl " + vals["ttl"] + " is negative; give how long the output stays cached, or 0 for ever"); return ExitUsage; }
@@ -95,7 +97,7 @@ namespace MemoLockCli
             var rdb = new RespTransport(url);
             MemoLock c;
             try { c = new MemoLock(rdb, tag, lockTtl, false, progress.Waiting); }
-            catch (ArgumentException e) { stderr.WriteLine("memolock run: " + e.Message); return ExitUsage; }
+            catch (ArgumentException e) { stderr.WriteLine("memolock run: " + e.Message.Split('\n')[0]); return ExitUsage; } // not Mono's "Parameter name:" line
 
             var sig = new Signals();
             // The first signal closes the client: waiting callers return at

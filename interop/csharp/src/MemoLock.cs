@@ -162,13 +162,25 @@ namespace MemoLockNet
         byte[] Await(Flight f, TimeSpan? timeout)
         {
             if (!timeout.HasValue) f.Done.WaitOne();
-            else if (!f.Done.WaitOne(timeout.Value))
+            else if (!WaitUpTo(f.Done, timeout.Value))
             {
                 Flights.Leave(f);
                 throw new MemoLockTimeoutException(timeout.Value);
             }
             if (f.Err != null) ExceptionDispatchInfo.Capture(f.Err).Throw();
             return f.Val;
+        }
+
+        /// <summary>WaitOne for any timeout: WaitHandle takes at most int.MaxValue ms (24.8 days).</summary>
+        internal static bool WaitUpTo(WaitHandle h, TimeSpan timeout)
+        {
+            var sw = Stopwatch.StartNew();
+            while (true)
+            {
+                double left = (timeout - sw.Elapsed).TotalMilliseconds;
+                if (left <= 0) return h.WaitOne(0);
+                if (h.WaitOne((int)Math.Min(Math.Ceiling(left), int.MaxValue))) return true;
+            }
         }
 
         void Enter() { lock (counts) running++; }
@@ -308,7 +320,7 @@ namespace MemoLockNet
         void Watchdog(Flight f, long firstMs, ManualResetEvent stop)
         {
             long wait = firstMs;
-            while (!stop.WaitOne((int)Math.Max(wait, 0)))
+            while (!stop.WaitOne((int)Math.Min(Math.Max(wait, 0), int.MaxValue)))
             {
                 try { if (!Proto.Renew(f.Key, f.Token, LockTtlMs)) return; }
                 catch (Exception) { }

@@ -99,8 +99,16 @@ namespace MemoLockNet
             }
             catch (Exception e) when (e is SocketException || e is ObjectDisposedException)
             {
-                throw new RedisConnectionException("writing: " + e.Message, e);
+                throw new RedisConnectionException("writing: " + Describe(e), e);
             }
+        }
+
+        // Mono reports a socket timeout as "Operation on non-blocking socket would block".
+        static string Describe(Exception e)
+        {
+            var se = e as SocketException;
+            if (se != null && (se.SocketErrorCode == SocketError.WouldBlock || se.SocketErrorCode == SocketError.TimedOut)) return "i/o timeout";
+            return e.Message;
         }
 
         static void WriteAscii(Stream s, string t)
@@ -138,27 +146,37 @@ namespace MemoLockNet
             switch (kind)
             {
                 case (byte)'+': return line;
-                case (byte)'-': return new RedisReplyException(line);
-                case (byte)':': return long.Parse(line);
+                case (byte)'-': return new RedisReplyException(Encoding.UTF8.GetString(Encoding.GetEncoding(28591).GetBytes(line)));
+                case (byte)':': return Num(line);
                 case (byte)'$':
                     {
-                        int n = int.Parse(line);
+                        long n = Num(line);
+                        if (n > int.MaxValue) throw new RedisConnectionException("protocol error: length " + line, null);
                         if (n < 0) return null;
-                        var b = new byte[n];
-                        ReadExact(b, n);
-                        ReadLine();
+                        var b = new byte[(int)n];
+                        ReadExact(b, (int)n);
+                        if (ReadLine() != "") throw new RedisConnectionException("protocol error: bulk string longer than its length", null);
                         return b;
                     }
                 case (byte)'*':
                     {
-                        int n = int.Parse(line);
+                        long n = Num(line);
+                        if (n > int.MaxValue) throw new RedisConnectionException("protocol error: length " + line, null);
                         if (n < 0) return null;
-                        var a = new object[n];
+                        var a = new object[(int)n];
                         for (int i = 0; i < n; i++) a[i] = Read();
                         return a;
                     }
             }
             throw new RedisConnectionException("protocol error: unexpected reply type '" + (char)kind + "'", null);
+        }
+
+        static long Num(string line)
+        {
+            long n;
+            if (!long.TryParse(line, System.Globalization.NumberStyles.AllowLeadingSign, System.Globalization.CultureInfo.InvariantCulture, out n))
+                throw new RedisConnectionException("protocol error: bad number \"" + line + "\"", null);
+            return n;
         }
 
         void Fill()
@@ -174,7 +192,7 @@ namespace MemoLockNet
             try { n = sock.Receive(buf, end, buf.Length - end, SocketFlags.None); }
             catch (Exception e) when (e is SocketException || e is ObjectDisposedException)
             {
-                throw new RedisConnectionException("reading: " + e.Message, e);
+                throw new RedisConnectionException("reading: " + Describe(e), e);
             }
             if (n <= 0) throw new RedisConnectionException("reading: connection closed by the server", null);
             end += n;

@@ -11,8 +11,12 @@
 // returns. A connection silent for 3 s gets "PING memolock:probe", and is
 // replaced if nothing arrives 3 s later.
 //
-// The thread alternates between sending what the watches need and polling
-// the socket for 10 ms, so a new watch waits at most that long to go out.
+// Two threads share the work, as Go's run and read goroutines do: the
+// writer sends what the watches need as soon as it is kicked, and a reader
+// per connection blocks on the socket (no polling: an idle client costs no
+// CPU and a reply is handled as soon as it arrives). Both check the
+// connection's generation, so that a reader of a replaced connection
+// changes nothing.
 using System;
 using System.Collections.Generic;
 using System.Diagnostics;
@@ -50,29 +54,43 @@ namespace MemoLockNet
         const string MarkerPrefix = "memolock:";
         /// <summary>Silence before a probe PING, and then before giving the connection up.</summary>
         public int HealthMs = 3000;
-        const int PollMs = 10;
+        const int MaxBackoffMs = 1000;
 
         readonly IRedisTransport rdb;
         readonly object mu = new object();
         readonly AutoResetEvent kick = new AutoResetEvent(false);
+        readonly ManualResetEvent stop = new ManualResetEvent(false);
         Thread thread;
-        bool closed;
+        readonly List<Thread> readers = new List<Thread>();
 
         // Guarded by mu.
+        bool closed;
         readonly HashSet<Watch> all = new HashSet<Watch>();
         readonly Dictionary<string, HashSet<Watch>> watches = new Dictionary<string, HashSet<Watch>>(); // channel (Latin1): its watches
         readonly HashSet<string> dirty = new HashSet<string>();
         readonly HashSet<string> sent = new HashSet<string>();    // subscribed on the current connection
+        readonly HashSet<string> solo = new HashSet<string>();    // subscribe one per command: a SUBSCRIBE of several was refused
         readonly List<Watch> unmarked = new List<Watch>();
         readonly List<KeyValuePair<Watch, ulong>> marked = new List<KeyValuePair<Watch, ulong>>();
         readonly List<SentCmd> acks = new List<SentCmd>();       // replies owed, in order
-        bool broken;
-        ulong nextSeq = 1, pongSeq;
+        bool broken, probe, heard;
+        ulong gen, nextSeq = 1, pongSeq;
 
         /// <summary>Connections replaced so far (for tests).</summary>
         public int Reconnects;
 
         sealed class SentCmd { public string Kind; public string[] Args; public int Acked; }
+
+        /// <summary>What the writer sends next.</summary>
+        sealed class Plan
+        {
+            public ulong Gen;
+            public bool Replace, Heard, Probe;
+            public List<string[]> Subs = new List<string[]>();
+            public ulong Marker;
+            public List<string> Unsubs = new List<string>();
+            public bool Empty { get { return Subs.Count == 0 && Marker == 0 && Unsubs.Count == 0 && !Probe; } }
+        }
 
         public Subscriber(IRedisTransport rdb) { this.rdb = rdb; }
 
@@ -118,7 +136,7 @@ namespace MemoLockNet
                     HashSet<Watch> ws;
                     if (!watches.TryGetValue(ch, out ws)) continue;
                     ws.Remove(w);
-                    if (ws.Count == 0) { watches.Remove(ch); dirty.Add(ch); }
+                    if (ws.Count == 0) { watches.Remove(ch); solo.Remove(ch); dirty.Add(ch); }
                 }
             }
             kick.Set();
@@ -139,134 +157,165 @@ namespace MemoLockNet
         /// <summary>Breaks the current connection as if it had failed (for tests).</summary>
         public void Break() { lock (mu) broken = true; kick.Set(); }
 
+        /// <summary>Live reader threads (for tests).</summary>
+        public int Readers { get { lock (readers) { readers.RemoveAll(t => !t.IsAlive); return readers.Count; } } }
+
+        // The writer: sends what the watches need, and replaces the connection when it fails.
         void Run()
         {
             IPubSubConnection conn = null;
+            bool reading = false;
             int backoff = 0;
-            var silence = Stopwatch.StartNew(); // since something last arrived
-            bool probing = false;
             try
             {
                 while (true)
                 {
-                    bool replace;
-                    lock (mu)
+                    kick.WaitOne();
+                    while (true)
                     {
-                        if (closed) return;
-                        replace = broken;
-                    }
-                    if (replace || conn == null)
-                    {
-                        if (conn != null) { conn.Dispose(); conn = null; Interlocked.Increment(ref Reconnects); }
-                        if (replace)
+                        Plan p = MakePlan();
+                        if (p == null) return; // closed
+                        if (p.Heard) backoff = 0;
+                        if (p.Replace)
                         {
-                            if (backoff > 0 && kickOrClose(backoff)) return;
-                            backoff = Math.Min(Math.Max(2 * backoff, 5), 1000);
+                            if (conn != null) { conn.Dispose(); conn = null; reading = false; }
+                            Interlocked.Increment(ref Reconnects);
+                            int d = backoff;
+                            backoff = Math.Min(Math.Max(2 * backoff, 5), MaxBackoffMs);
+                            if (d > 0 && stop.WaitOne(d)) return;
                         }
-                        Reset();
-                        try { conn = rdb.OpenPubSub(); }
-                        catch (Exception) { lock (mu) broken = true; if (backoff == 0) backoff = 5; continue; }
-                        silence.Restart();
-                        probing = false;
-                    }
-                    try
-                    {
-                        Send(conn, silence, ref probing);
-                        PubSubPush p = conn.Receive(PollMs);
-                        while (p != null)
+                        if (p.Empty) break;
+                        try
                         {
-                            silence.Restart();
-                            probing = false;
-                            if (!Deliver(p)) throw new RedisConnectionException("pub/sub reply out of order", null);
-                            if (Deliver_heard) { backoff = 0; Deliver_heard = false; }
-                            p = conn.Receive(0);
+                            if (conn == null) conn = rdb.OpenPubSub();
+                            Send(conn, p);
                         }
-                        if (probing && silence.ElapsedMilliseconds > 2 * HealthMs)
-                            throw new RedisConnectionException("pub/sub connection silent", null);
-                    }
-                    catch (Exception)
-                    {
-                        lock (mu) broken = true;
+                        catch (Exception) { Fail(p.Gen); continue; }
+                        if (!reading)
+                        {
+                            reading = true;
+                            var c = conn;
+                            ulong g = p.Gen;
+                            var t = new Thread(() => Read(c, g)) { IsBackground = true, Name = "memolock-subscriber-read" };
+                            lock (readers) { readers.RemoveAll(x => !x.IsAlive); readers.Add(t); }
+                            t.Start();
+                        }
                     }
                 }
             }
             finally
             {
-                if (conn != null) conn.Dispose();
+                if (conn != null) conn.Dispose(); // ends its reader
             }
         }
 
-        bool Deliver_heard; // a marker came back: the connection works (reset the backoff)
-
-        bool kickOrClose(int ms)
-        {
-            kick.WaitOne(ms);
-            lock (mu) return closed;
-        }
-
-        /// <summary>Starts again on a new connection: every channel again, every watch waits for a new marker.</summary>
-        void Reset()
+        /// <summary>Decides, under mu, what the writer sends next, and records it as sent; null once closed.</summary>
+        Plan MakePlan()
         {
             lock (mu)
             {
-                broken = false;
-                sent.Clear();
-                acks.Clear();
-                marked.Clear();
-                unmarked.Clear();
-                pongSeq = 0;
-                foreach (var ch in watches.Keys) dirty.Add(ch);
-                foreach (var w in all) { w.Live = false; w.Seq = 0; unmarked.Add(w); }
-            }
-        }
-
-        /// <summary>Sends whatever the watches need: SUBSCRIBE, a marker PING, UNSUBSCRIBE, a probe.</summary>
-        void Send(IPubSubConnection conn, Stopwatch silence, ref bool probing)
-        {
-            var subs = new List<string>();
-            var unsubs = new List<string>();
-            ulong marker = 0;
-            bool probe = false;
-            lock (mu)
-            {
+                if (closed) return null;
+                var p = new Plan();
+                if (broken)
+                {
+                    // Start again on a new connection: every channel again,
+                    // every watch waits for a new marker.
+                    broken = probe = false;
+                    gen++;
+                    p.Replace = true;
+                    sent.Clear();
+                    acks.Clear();
+                    marked.Clear();
+                    unmarked.Clear();
+                    pongSeq = 0;
+                    foreach (var ch in watches.Keys) dirty.Add(ch);
+                    foreach (var w in all) { w.Live = false; w.Seq = 0; unmarked.Add(w); }
+                }
+                p.Gen = gen;
+                p.Heard = heard;
+                heard = false;
+                var batch = new List<string>();
                 foreach (var ch in dirty)
                 {
                     bool want = watches.ContainsKey(ch), have = sent.Contains(ch);
-                    if (want && !have) { subs.Add(ch); sent.Add(ch); }
-                    else if (!want && have) { unsubs.Add(ch); sent.Remove(ch); }
+                    if (want && !have && solo.Contains(ch)) { p.Subs.Add(new[] { ch }); sent.Add(ch); }
+                    else if (want && !have) { batch.Add(ch); sent.Add(ch); }
+                    else if (!want && have) { p.Unsubs.Add(ch); sent.Remove(ch); }
                 }
                 dirty.Clear();
-                if (subs.Count > 0) acks.Add(new SentCmd { Kind = "subscribe", Args = subs.ToArray() });
+                if (batch.Count > 0) p.Subs.Insert(0, batch.ToArray());
+                foreach (var chans in p.Subs) acks.Add(new SentCmd { Kind = "subscribe", Args = chans });
                 foreach (var w in unmarked)
                 {
                     if (w.Gone) continue;
-                    if (marker == 0) marker = nextSeq++;
-                    w.Seq = marker;
-                    marked.Add(new KeyValuePair<Watch, ulong>(w, marker));
+                    if (p.Marker == 0) p.Marker = nextSeq++;
+                    w.Seq = p.Marker;
+                    marked.Add(new KeyValuePair<Watch, ulong>(w, p.Marker));
                 }
                 unmarked.Clear();
-                if (marker != 0) acks.Add(new SentCmd { Kind = "pong", Args = new[] { MarkerPrefix + marker } });
-                if (unsubs.Count > 0) acks.Add(new SentCmd { Kind = "unsubscribe", Args = unsubs.ToArray() });
-                if (!probing && silence.ElapsedMilliseconds > HealthMs)
-                {
-                    probe = probing = true;
-                    acks.Add(new SentCmd { Kind = "pong", Args = new[] { MarkerPrefix + "probe" } });
-                }
+                if (p.Marker != 0) acks.Add(new SentCmd { Kind = "pong", Args = new[] { MarkerPrefix + p.Marker } });
+                if (p.Unsubs.Count > 0) acks.Add(new SentCmd { Kind = "unsubscribe", Args = p.Unsubs.ToArray() });
+                p.Probe = probe;
+                probe = false;
+                if (p.Probe) acks.Add(new SentCmd { Kind = "pong", Args = new[] { MarkerPrefix + "probe" } });
+                return p;
             }
-            if (subs.Count > 0) conn.Subscribe(subs.ConvertAll(Bytes.FromLatin1).ToArray());
-            if (marker != 0) conn.Ping(Bytes.Utf8.GetBytes(MarkerPrefix + marker));
-            if (unsubs.Count > 0) conn.Unsubscribe(unsubs.ConvertAll(Bytes.FromLatin1).ToArray());
-            if (probe) conn.Ping(Bytes.Utf8.GetBytes(MarkerPrefix + "probe"));
         }
 
-        /// <summary>Hands p to the watches; false if p shows the connection is not the one we think.</summary>
-        bool Deliver(PubSubPush p)
+        /// <summary>Writes p on conn. Any error means the connection is no longer the one our state describes.</summary>
+        static void Send(IPubSubConnection conn, Plan p)
+        {
+            foreach (var chans in p.Subs) conn.Subscribe(Array.ConvertAll(chans, Bytes.FromLatin1));
+            if (p.Marker != 0) conn.Ping(Bytes.Utf8.GetBytes(MarkerPrefix + p.Marker));
+            if (p.Unsubs.Count > 0) conn.Unsubscribe(p.Unsubs.ConvertAll(Bytes.FromLatin1).ToArray());
+            if (p.Probe) conn.Ping(Bytes.Utf8.GetBytes(MarkerPrefix + "probe"));
+        }
+
+        /// <summary>Marks connection g broken, if it is still the current one.</summary>
+        void Fail(ulong g)
+        {
+            lock (mu) if (g == gen) broken = true;
+            kick.Set();
+        }
+
+        // A reader: blocks on connection g until it fails or is replaced.
+        void Read(IPubSubConnection conn, ulong g)
+        {
+            bool probing = false; // a probe is out and nothing has arrived since
+            try
+            {
+                while (true)
+                {
+                    PubSubPush p = conn.Receive(HealthMs);
+                    if (p == null)
+                    {
+                        if (probing) break; // silent after a probe: replace it
+                        probing = true;
+                        lock (mu)
+                        {
+                            if (closed || g != gen) return;
+                            probe = true;
+                        }
+                        kick.Set();
+                        continue;
+                    }
+                    probing = false;
+                    if (!Deliver(g, p)) break;
+                }
+            }
+            catch (Exception) { }
+            Fail(g);
+        }
+
+        /// <summary>Hands p to the watches; false if g is not current, or p shows the connection is not the one we think.</summary>
+        bool Deliver(ulong g, PubSubPush p)
         {
             var poke = new List<Watch>();
             var onValue = new List<Action<byte[]>>();
+            bool wake = false;
             lock (mu)
             {
-                if (closed) return true;
+                if (closed || g != gen) return false;
                 switch (p.Kind)
                 {
                     case "message":
@@ -295,11 +344,14 @@ namespace MemoLockNet
                         break;
                     case "error":
                         if (!Refused(p.Error, poke)) return false;
+                        wake = true;
                         break;
                 }
             }
+            // The value's callers first: waking the waits' own threads can wait.
             foreach (var f in onValue) f(p.Payload);
             foreach (var w in poke) w.Signal.Set();
+            if (wake) kick.Set();
             return true;
         }
 
@@ -318,9 +370,10 @@ namespace MemoLockNet
         {
             if (!payload.StartsWith(MarkerPrefix, StringComparison.Ordinal)) return;
             ulong seq;
-            if (!ulong.TryParse(payload.Substring(MarkerPrefix.Length), out seq) || seq <= pongSeq) return;
+            if (!ulong.TryParse(payload.Substring(MarkerPrefix.Length), System.Globalization.NumberStyles.None,
+                    System.Globalization.CultureInfo.InvariantCulture, out seq) || seq <= pongSeq) return;
             pongSeq = seq;
-            Deliver_heard = true;
+            heard = true;
             int n = 0;
             foreach (var m in marked)
             {
@@ -333,29 +386,42 @@ namespace MemoLockNet
         }
 
         // Under mu: an error reply answers the oldest command owed a reply. A
-        // refused PING still marks its watches live; a refused SUBSCRIBE ends
-        // the waits of its channels with the error (unlike Go, channels
-        // refused together are not retried one by one).
+        // refused PING still marks its watches live; a refused SUBSCRIBE of
+        // several channels (an ACL may allow some and not others) has them
+        // subscribed again one per command; one of a single channel ends the
+        // waits of that channel with the error, keeping the connection.
         bool Refused(string err, List<Watch> poke)
         {
             if (acks.Count == 0 || acks[0].Acked != 0) return false;
             var cmd = acks[0];
             acks.RemoveAt(0);
             if (cmd.Kind == "pong") MarkerBack(cmd.Args[0], poke);
-            else if (cmd.Kind == "subscribe")
+            else if (cmd.Kind == "subscribe" && cmd.Args.Length > 1)
             {
                 foreach (var ch in cmd.Args)
                 {
                     sent.Remove(ch);
                     HashSet<Watch> ws;
-                    if (!watches.TryGetValue(ch, out ws)) continue;
-                    foreach (var w in ws) if (w.Err == null) { w.Err = err; poke.Add(w); }
+                    if (!watches.TryGetValue(ch, out ws)) continue; // nobody wants it any more
+                    solo.Add(ch);
+                    dirty.Add(ch);
+                    // Not live until a marker sent after the retry comes back.
+                    foreach (var w in ws)
+                        if (w.Seq != 0 || w.Live) { w.Live = false; w.Seq = 0; unmarked.Add(w); }
                 }
             }
-            return true;
+            else if (cmd.Kind == "subscribe")
+            {
+                string ch = cmd.Args[0];
+                sent.Remove(ch);
+                HashSet<Watch> ws;
+                if (watches.TryGetValue(ch, out ws))
+                    foreach (var w in ws) if (w.Err == null) { w.Err = err; poke.Add(w); }
+            }
+            return true; // an UNSUBSCRIBE refused (Redis never does): nothing to undo, as in Go
         }
 
-        /// <summary>Stops the thread, closes the connection and wakes every watch; waits up to ms.</summary>
+        /// <summary>Stops the threads, closes the connection and wakes every watch; waits up to ms.</summary>
         public void Close(int ms)
         {
             Thread t;
@@ -366,8 +432,13 @@ namespace MemoLockNet
                 foreach (var w in all) { w.Closed = true; w.Signal.Set(); }
                 t = thread;
             }
+            stop.Set();
             kick.Set();
+            var sw = Stopwatch.StartNew();
             if (t != null) t.Join(ms);
+            List<Thread> rs;
+            lock (readers) rs = new List<Thread>(readers);
+            foreach (var r in rs) r.Join(Math.Max(ms - (int)sw.ElapsedMilliseconds, 0));
         }
     }
 }

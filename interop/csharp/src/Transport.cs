@@ -23,9 +23,12 @@ namespace MemoLockNet
     }
 
     /// <summary>
-    /// One pub/sub connection, used by one thread at a time. It must never
-    /// reconnect by itself: every failure surfaces as an exception, and the
-    /// caller opens a new connection.
+    /// One pub/sub connection. memolock calls Subscribe, Unsubscribe and
+    /// Ping from one thread and Receive from another (a reader blocked in
+    /// it), so sends and receives must not share unguarded state; Dispose
+    /// (from the sending thread) must make a blocked Receive return or
+    /// throw. It must never reconnect by itself: every failure surfaces as
+    /// an exception, and the caller opens a new connection.
     /// </summary>
     public interface IPubSubConnection : IDisposable
     {
@@ -64,7 +67,15 @@ namespace MemoLockNet
 
         public RespTransport(string url) : this(RedisUrl.Parse(url)) { }
 
-        /// <summary>Runs one command on a pooled connection; a failed connection is dropped.</summary>
+        /// <summary>
+        /// Runs one command on a pooled connection; a failed connection is
+        /// dropped. A pooled connection may have died while idle (a server
+        /// restart, CLIENT KILL, an idle timeout): a network failure on one
+        /// is retried once on a new connection, as go-redis retries. Every
+        /// command memolock sends may run twice (the scripts are made for
+        /// it: a lookup or store that finds its own token or value answers
+        /// as the first would have).
+        /// </summary>
         public object Call(params object[] args)
         {
             RespConnection c = null;
@@ -73,7 +84,24 @@ namespace MemoLockNet
                 if (disposed) throw new ObjectDisposedException("RespTransport");
                 if (idle.Count > 0) c = idle.Pop();
             }
-            if (c == null) c = RespConnection.Open(url, timeoutMs);
+            if (c == null) return CallOn(RespConnection.Open(url, timeoutMs), args);
+            try { return CallOn(c, args); }
+            catch (RedisConnectionException e) when (!TimedOut(e))
+            {
+                lock (idle) if (disposed) throw;
+                return CallOn(RespConnection.Open(url, timeoutMs), args);
+            }
+        }
+
+        // A stalled server is not retried: that would only double the wait.
+        static bool TimedOut(Exception e)
+        {
+            var se = e.InnerException as System.Net.Sockets.SocketException;
+            return se != null && (se.SocketErrorCode == System.Net.Sockets.SocketError.TimedOut || se.SocketErrorCode == System.Net.Sockets.SocketError.WouldBlock);
+        }
+
+        object CallOn(RespConnection c, object[] args)
+        {
             object r;
             try
             {
@@ -85,12 +113,15 @@ namespace MemoLockNet
                 c.Dispose();
                 throw;
             }
+            var err = r as RedisReplyException;
+            // After a protocol error (a bulk over proto-max-bulk-len) Redis
+            // closes the connection: never pool it.
+            bool reusable = err == null || !err.Message.StartsWith("ERR Protocol error", StringComparison.Ordinal);
             lock (idle)
             {
-                if (disposed || idle.Count >= 16) c.Dispose();
+                if (!reusable || disposed || idle.Count >= 16) c.Dispose();
                 else idle.Push(c);
             }
-            var err = r as RedisReplyException;
             if (err != null) throw err;
             return r;
         }

@@ -195,5 +195,53 @@ namespace MemoLockTests
             Assert.Equal(1, u.Code, "unreachable: " + u);
             Assert.True(!u.Stderr.Contains("s3cret") && u.Stderr.Contains("xxxxx@127.0.0.1:1"), "redacted: " + u.Stderr);
         }
+    
+        /// <summary>A command that ignores SIGTERM: a second signal sends SIGKILL at once, without the 2 s grace.</summary>
+        [Test(TimeoutSeconds = 60)]
+        static void Run_SecondSignalKillsAtOnce()
+        {
+            using (var srv = new RedisServer())
+            using (var holder = new Cli(Run(srv, "stubborn", "--ttl", "1m", "--", "sh", "-c", "trap '' TERM; sleep 30; echo done")))
+            {
+                Assert.Eventually(() => srv.Call("GET", "cli/lock:stubborn") != null, 20, "the holder took the lock");
+                Assert.Eventually(() => Descendants(holder.Proc.Id).Count >= 2, 20, "sh and sleep run");
+                var below = Descendants(holder.Proc.Id);
+                var sw = Stopwatch.StartNew();
+                Process.Start("kill", "-TERM " + holder.Proc.Id).WaitForExit();
+                Thread.Sleep(300);
+                Assert.True(!holder.Proc.HasExited, "the first SIGTERM is ignored by the command: memolock waits");
+                Process.Start("kill", "-TERM " + holder.Proc.Id).WaitForExit();
+                var h = holder.Wait();
+                Assert.True(sw.Elapsed.TotalSeconds < 1.7, "killed at the second signal, before the 2 s grace: " + sw.Elapsed);
+                Assert.Equal(143, h.Code, "exit: " + h);
+                Assert.Equal(0, h.Stdout.Length, "no output");
+                Assert.Eventually(() => below.All(pid => { try { return File.ReadAllText("/proc/" + pid + "/stat").Split(')').Last().Trim()[0] == 'Z'; } catch { return true; } }), 2, "the command's processes are gone");
+                Assert.Equal(null, srv.Call("GET", "cli/lock:stubborn"), "lock released");
+            }
+        }
+
+        /// <summary>Go's flag syntax: "---x" and "--=x" are bad syntax; --lock-ttl 0 is the default, as in Go.</summary>
+        [Test(TimeoutSeconds = 60)]
+        static void Run_FlagSyntaxAsGo()
+        {
+            foreach (var bad in new[] { "---tag", "--=x", "-=x" })
+            {
+                var r = Cli.Run("run", bad, "--tag", "t", "--id", "i", "--ttl", "1s", "--redis", "redis://127.0.0.1:1", "--", "true");
+                Assert.Equal(2, r.Code, bad + ": " + r);
+                Assert.True(r.Stderr.StartsWith("bad flag syntax: " + bad), bad + ": " + r.Stderr);
+            }
+            using (var srv = new RedisServer())
+            {
+                var r = Cli.Run(Run(srv, "lt0", "--ttl", "1m", "--lock-ttl", "0", "--", "echo", "ok"));
+                Assert.Equal(0, r.Code, "--lock-ttl 0: " + r);
+                Assert.Equal("ok\n", Encoding.UTF8.GetString(r.Stdout), "output");
+                r = Cli.Run(Run(srv, "lt1", "--ttl", "1m", "--lock-ttl", "-1s", "--", "echo", "ok"));
+                Assert.Equal(2, r.Code, "--lock-ttl -1s: " + r);
+                Assert.True(!r.Stderr.Contains("Parameter name"), "one line: " + r.Stderr);
+                r = Cli.Run(Run(srv, "lt2", "--ttl", "1m", "--lock-ttl", "2000h", "--wait", "800h", "--", "echo", "long"));
+                Assert.Equal(0, r.Code, "long lock TTL and wait: " + r);
+                Assert.Equal("long\n", Encoding.UTF8.GetString(r.Stdout), "output");
+            }
+        }
     }
 }

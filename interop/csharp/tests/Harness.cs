@@ -65,9 +65,9 @@ namespace MemoLockTests
         public readonly string Password;
         readonly string dir;
 
-        public RedisServer(string password = null, bool unixSocket = false)
+        public RedisServer(string password = null, bool unixSocket = false, int port = 0)
         {
-            Port = FreePort();
+            Port = port != 0 ? port : FreePort();
             Password = password;
             dir = Path.Combine(Path.GetTempPath(), "memolock-cs-" + Guid.NewGuid().ToString("N").Substring(0, 8));
             Directory.CreateDirectory(dir);

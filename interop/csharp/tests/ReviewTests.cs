@@ -1,0 +1,625 @@
+// Tests from the review: ACL refusals, lease extension and loss, store
+// failures, the subscriber's threads, and faults at awkward moments.
+using System;
+using System.Collections.Generic;
+using System.Diagnostics;
+using System.Linq;
+using System.Text;
+using System.Threading;
+using MemoLockNet;
+
+namespace MemoLockTests
+{
+    /// <summary>A transport that records and can hold back what memolock sends.</summary>
+    sealed class SpyTransport : IRedisTransport
+    {
+        public readonly RespTransport Inner;
+        public readonly List<string> Subscribes = new List<string>(); // "a b" per SUBSCRIBE
+        public ManualResetEvent SubscribeGate;   // when set, the first SUBSCRIBE waits for it
+        public ManualResetEvent FirstSubscribe = new ManualResetEvent(false);
+        public int InjectStaleAck; // > 0: the next connections' first Receive returns a subscribe ack nobody asked for
+        public int Renews, Stores, Receives;
+
+        public SpyTransport(RedisUrl url) { Inner = new RespTransport(url); }
+
+        public object Eval(string script, string sha1, byte[][] keys, object[] args)
+        {
+            if (sha1 == Scripts.Renew.Sha1) Interlocked.Increment(ref Renews);
+            if (sha1 == Scripts.Store.Sha1) Interlocked.Increment(ref Stores);
+            return Inner.Eval(script, sha1, keys, args);
+        }
+        public byte[] Get(byte[] key) { return Inner.Get(key); }
+        public long Publish(byte[] channel, byte[] message) { return Inner.Publish(channel, message); }
+        public IPubSubConnection OpenPubSub() { return new Spy(this, Inner.OpenPubSub()); }
+        public void Dispose() { Inner.Dispose(); }
+
+        sealed class Spy : IPubSubConnection
+        {
+            readonly SpyTransport t;
+            readonly IPubSubConnection c;
+            public Spy(SpyTransport t, IPubSubConnection c) { this.t = t; this.c = c; }
+            public void Subscribe(params byte[][] channels)
+            {
+                bool first;
+                lock (t.Subscribes)
+                {
+                    first = t.Subscribes.Count == 0;
+                    t.Subscribes.Add(string.Join(" ", channels.Select(Encoding.UTF8.GetString)));
+                }
+                t.FirstSubscribe.Set();
+                if (first && t.SubscribeGate != null) t.SubscribeGate.WaitOne(10000);
+                c.Subscribe(channels);
+            }
+            public void Unsubscribe(params byte[][] channels) { c.Unsubscribe(channels); }
+            public void Ping(byte[] payload) { c.Ping(payload); }
+            bool injected;
+            public PubSubPush Receive(int timeoutMs)
+            {
+                Interlocked.Increment(ref t.Receives);
+                if (!injected && Interlocked.Decrement(ref t.InjectStaleAck) >= 0)
+                {
+                    injected = true;
+                    return new PubSubPush { Kind = "subscribe", Channel = Encoding.UTF8.GetBytes("t/notif:old") };
+                }
+                injected = true;
+                return c.Receive(timeoutMs);
+            }
+            public void Dispose() { c.Dispose(); }
+        }
+    }
+
+    static class ReviewTests
+    {
+        static Thread Safe(Action body) { return new Thread(() => { try { body(); } catch (Exception) { } }) { IsBackground = true }; }
+        static byte[] B(string s) { return Encoding.UTF8.GetBytes(s); }
+        static string S(byte[] b) { return b == null ? null : Encoding.UTF8.GetString(b); }
+        static RedisUrl UserUrl(RedisServer srv, string user, string pw) { return RedisUrl.Parse("redis://" + user + ":" + pw + "@127.0.0.1:" + srv.Port); }
+        static long NumSub(RedisServer srv, string ch) { return (long)((object[])srv.Call("PUBSUB", "NUMSUB", ch))[1]; }
+
+        /// <summary>
+        /// A SUBSCRIBE of several channels refused (NOPERM) is retried one
+        /// channel per command: only the wait whose channel is refused alone
+        /// fails, the others (batched with it) go on, on the same connection.
+        /// </summary>
+        [Test]
+        static void Sub_RefusedSubscribeIsRetriedOneChannelAtATime()
+        {
+            using (var srv = new RedisServer())
+            {
+                srv.Call("ACL", "SETUSER", "lim", "on", ">pw", "~*", "+@all", "resetchannels",
+                    "&t/notif:*", "&t/lock-event:ok", "&t/lock-event:z0");
+                foreach (var id in new[] { "z0", "ok", "no" }) srv.Call("SET", "t/lock:" + id, "someone", "PX", "60000");
+                var spy = new SpyTransport(UserUrl(srv, "lim", "pw")) { SubscribeGate = new ManualResetEvent(false) };
+                int waiting = 0;
+                var c = new MemoLock(spy, "t", onWait: (id, h) => Interlocked.Increment(ref waiting));
+                try
+                {
+                    var got = new Dictionary<string, object>();
+                    Func<string, Thread> start = id =>
+                    {
+                        var t = Safe(() =>
+                        {
+                            object r;
+                            try { r = S(c.Get(id, l => (B("computed"), TimeSpan.Zero), TimeSpan.FromSeconds(15))); }
+                            catch (Exception e) { r = e; }
+                            lock (got) got[id] = r;
+                        });
+                        t.Start();
+                        return t;
+                    };
+                    var t0 = start("z0");
+                    Assert.True(spy.FirstSubscribe.WaitOne(10000), "the first SUBSCRIBE went out");
+                    var ta = start("ok");
+                    var tb = start("no");
+                    Assert.Eventually(() => Volatile.Read(ref waiting) == 3, 10, "three waits");
+                    Thread.Sleep(100); // their watches are added right after onWait
+                    spy.SubscribeGate.Set(); // the next SUBSCRIBE carries both waits' channels: refused
+                    Assert.True(tb.Join(10000), "the refused wait ended");
+                    object rb;
+                    lock (got) rb = got["no"];
+                    Assert.True(rb is RedisException && ((Exception)rb).Message.Contains("NOPERM"), "refused wait: " + rb);
+                    Assert.Eventually(() => NumSub(srv, "t/lock-event:ok") == 1, 10, "the allowed wait subscribed alone");
+                    foreach (var id in new[] { "z0", "ok" })
+                    {
+                        srv.Call("SET", "t:" + id, "v-" + id);
+                        srv.Call("PUBLISH", "t/notif:" + id, "v-" + id);
+                    }
+                    Assert.True(ta.Join(10000) && t0.Join(10000), "the allowed waits ended");
+                    lock (got)
+                    {
+                        Assert.Equal("v-ok", got["ok"] as string, "batched allowed wait: " + got["ok"]);
+                        Assert.Equal("v-z0", got["z0"] as string, "first wait: " + got["z0"]);
+                    }
+                    Assert.Equal(0, c.Reconnects, "the connection was kept");
+                    lock (spy.Subscribes)
+                        Assert.True(spy.Subscribes.Contains("t/lock-event:no") && spy.Subscribes.Contains("t/notif:ok"),
+                            "one channel per SUBSCRIBE after the refusal: " + string.Join(" | ", spy.Subscribes));
+                }
+                finally { c.Close(); spy.Dispose(); }
+            }
+        }
+
+        /// <summary>A user without +ping: the refused marker still comes back in order and makes the wait live.</summary>
+        [Test]
+        static void Sub_RefusedMarkerPingStillMakesTheWaitLive()
+        {
+            using (var srv = new RedisServer())
+            {
+                srv.Call("ACL", "SETUSER", "noping", "on", ">pw", "~*", "&*", "+@all", "-ping");
+                srv.Call("SET", "t/lock:k", "someone", "PX", "60000");
+                var rdb = new RespTransport(UserUrl(srv, "noping", "pw"));
+                // The value appears without a PUBLISH right after the first lookup:
+                // only the lookup once the subscription is live finds it.
+                var c = new MemoLock(rdb, "t", onWait: (id, h) => srv.Call("SET", "t:k", "quiet"));
+                try
+                {
+                    var sw = Stopwatch.StartNew();
+                    Assert.Equal("quiet", S(c.Get("k", l => (B("x"), TimeSpan.Zero), TimeSpan.FromSeconds(10))), "value");
+                    Assert.True(sw.Elapsed.TotalSeconds < 3, "found at once: " + sw.Elapsed);
+                    Assert.Equal(0, c.Reconnects, "connection kept");
+                }
+                finally { c.Close(); rdb.Dispose(); }
+            }
+        }
+
+        [Test]
+        static void Lease_ExtendAndHeld()
+        {
+            using (var srv = new RedisServer())
+            using (var rdb = srv.Transport())
+            using (var c = new MemoLock(rdb, "t", TimeSpan.FromSeconds(1)))
+            {
+                Exception lost = null;
+                bool heldAfter = true;
+                long pttl = 0;
+                c.Get("k", l =>
+                {
+                    Assert.True(l.Held(), "held");
+                    l.Extend(TimeSpan.FromSeconds(60));
+                    pttl = (long)srv.Call("PTTL", "t/lock:k");
+                    l.Extend(TimeSpan.FromSeconds(5)); // never shortens
+                    Assert.True((long)srv.Call("PTTL", "t/lock:k") > 50000, "not shortened");
+                    Assert.Throws<ArgumentOutOfRangeException>(() => l.Extend(TimeSpan.Zero), "zero extension");
+                    srv.Call("DEL", "t/lock:k");
+                    heldAfter = l.Held();
+                    lost = Assert.Throws<MemoLockException>(() => l.Extend(TimeSpan.FromSeconds(1)), "extend a lost lease");
+                    return (B("v"), TimeSpan.Zero);
+                });
+                Assert.True(pttl > 50000 && pttl <= 60000, "extended to 60 s: " + pttl);
+                Assert.True(!heldAfter, "not held after the lock was deleted");
+                Assert.True(lost.Message.Contains("lost"), "message: " + lost.Message);
+            }
+        }
+
+        /// <summary>The lock deleted during fetch: renew answers 0 (and tells waiters), renewal stops, store is refused.</summary>
+        [Test]
+        static void Lease_RenewalStopsWhenTheLockIsLost()
+        {
+            using (var srv = new RedisServer())
+            {
+                var spy = new SpyTransport(srv.Url());
+                var c = new MemoLock(spy, "t", TimeSpan.FromMilliseconds(300));
+                var listener = RespConnection.Open(srv.Url(), 5000);
+                try
+                {
+                    listener.Call("SUBSCRIBE", "t/lock-event:k");
+                    string token = null;
+                    int renewsAtLoss = 0;
+                    var v = c.Get("k", l =>
+                    {
+                        token = l.Token;
+                        Assert.Eventually(() => Volatile.Read(ref spy.Renews) >= 2, 5, "renewals");
+                        srv.Call("DEL", "t/lock:k");
+                        Thread.Sleep(250); // one renewal (every 100 ms) finds it lost
+                        renewsAtLoss = Volatile.Read(ref spy.Renews);
+                        Thread.Sleep(600);
+                        return (B("v"), TimeSpan.Zero);
+                    });
+                    Assert.Equal("v", S(v), "the caller gets the value");
+                    Assert.Equal(renewsAtLoss, Volatile.Read(ref spy.Renews), "no renewal after renew answered 0");
+                    Assert.Equal(null, srv.Call("GET", "t:k"), "a lost lease stores nothing");
+                    Assert.Equal(null, srv.Call("GET", "t/lock:k"), "and takes no lock");
+                    var abandon = "abandon\n" + token + "\n";
+                    for (int i = 0; i < 2; i++)
+                    {
+                        var m = (object[])listener.Read();
+                        Assert.Equal(abandon, S((byte[])m[2]), "event " + i + " (renew, then store)");
+                    }
+                }
+                finally { listener.Dispose(); c.Close(); spy.Dispose(); }
+            }
+        }
+
+        /// <summary>A store Redis refuses (a value over proto-max-bulk-len): the caller gets the value, waiters the error at once.</summary>
+        [Test]
+        static void Store_FailureTellsWaitersAtOnce()
+        {
+            using (var srv = new RedisServer())
+            {
+                srv.Call("CONFIG", "SET", "proto-max-bulk-len", "1mb");
+                var r1 = srv.Transport();
+                var r2 = srv.Transport();
+                var holder = new MemoLock(r1, "t");
+                var waiter = new MemoLock(r2, "t");
+                try
+                {
+                    var big = new byte[1536 * 1024];
+                    new Random(1).NextBytes(big);
+                    var inFetch = new ManualResetEvent(false);
+                    var release = new ManualResetEvent(false);
+                    byte[] got = null;
+                    var th = Safe(() => got = holder.Get("big", l => { inFetch.Set(); release.WaitOne(10000); return (big, TimeSpan.Zero); }));
+                    th.Start();
+                    Assert.True(inFetch.WaitOne(10000), "holder computes");
+                    Exception werr = null;
+                    var sw = new Stopwatch();
+                    var tw = Safe(() =>
+                    {
+                        try { waiter.Get("big", l => (B("x"), TimeSpan.Zero), TimeSpan.FromSeconds(20)); }
+                        catch (Exception e) { werr = e; }
+                    });
+                    tw.Start();
+                    Assert.Eventually(() => NumSub(srv, "t/lock-event:big") == 1, 10, "the waiter subscribed");
+                    Thread.Sleep(100);
+                    sw.Start();
+                    release.Set();
+                    Assert.True(th.Join(10000), "holder returned");
+                    Assert.Bytes(big, got, "the holder's caller gets its value");
+                    Assert.True(tw.Join(10000), "waiter ended");
+                    Assert.True(sw.Elapsed.TotalSeconds < 5, "at once, not after the lock TTL: " + sw.Elapsed + " " + werr);
+                    Assert.True(werr is HolderFailedException, "waiter: " + werr);
+                    Assert.Equal(null, srv.Call("GET", "t/lock:big"), "lock released");
+                }
+                finally { holder.Close(); waiter.Close(); r1.Dispose(); r2.Dispose(); }
+            }
+        }
+    
+        /// <summary>A pooled command connection killed while idle (CLIENT KILL, a restart) costs no failed Get.</summary>
+        [Test]
+        static void Transport_DeadPooledConnectionIsRetried()
+        {
+            using (var srv = new RedisServer())
+            using (var rdb = srv.Transport())
+            using (var c = new MemoLock(rdb, "t"))
+            {
+                Assert.Equal("v", S(c.Get("k", l => (B("v"), TimeSpan.Zero))), "miss");
+                srv.Call("CLIENT", "KILL", "TYPE", "normal");
+                Assert.Equal("v", S(c.Get("k", l => (B("x"), TimeSpan.Zero))), "hit after the pooled connection was killed");
+                srv.Call("CLIENT", "KILL", "TYPE", "normal");
+                Assert.Equal("w", S(c.Get("k2", l => (B("w"), TimeSpan.Zero))), "miss after the pooled connection was killed");
+            }
+        }
+    
+        /// <summary>An idle wait costs no polling: the reader blocks on the socket (it used to wake every 10 ms).</summary>
+        [Test]
+        static void Sub_IdleReaderBlocksInsteadOfPolling()
+        {
+            using (var srv = new RedisServer())
+            {
+                srv.Call("SET", "t/lock:idle", "someone", "PX", "60000");
+                var spy = new SpyTransport(srv.Url());
+                var c = new MemoLock(spy, "t");
+                try
+                {
+                    byte[] got = null;
+                    var sw = new Stopwatch();
+                    var t = Safe(() => { got = c.Get("idle", l => (B("x"), TimeSpan.Zero)); sw.Stop(); });
+                    t.Start();
+                    Assert.Eventually(() => NumSub(srv, "t/notif:idle") == 1, 10, "subscribed");
+                    Thread.Sleep(300); // the marker comes back, the re-read finds the lock still held
+                    int before = Volatile.Read(ref spy.Receives);
+                    Thread.Sleep(1000);
+                    int idle = Volatile.Read(ref spy.Receives) - before;
+                    Assert.True(idle <= 2, "Receive calls in 1 s of silence: " + idle);
+                    sw.Start();
+                    srv.Call("PUBLISH", "t/notif:idle", "now");
+                    Assert.True(t.Join(5000), "woke");
+                    Assert.Equal("now", S(got), "value");
+                    Assert.True(sw.ElapsedMilliseconds < 500, "woke at once: " + sw.ElapsedMilliseconds + " ms");
+                }
+                finally { c.Close(); spy.Dispose(); }
+            }
+        }
+
+        static object Field(object o, string name)
+        {
+            return o.GetType().GetField(name, System.Reflection.BindingFlags.NonPublic | System.Reflection.BindingFlags.Public | System.Reflection.BindingFlags.Instance).GetValue(o);
+        }
+
+        /// <summary>Close stops the subscriber's threads and closes its connection, whatever they were doing.</summary>
+        [Test]
+        static void Close_LeavesNoThreadsOrConnectionsBehind()
+        {
+            using (var srv = new RedisServer())
+            {
+                for (int round = 0; round < 3; round++)
+                {
+                    var rdb = srv.Transport();
+                    var c = new MemoLock(rdb, "t");
+                    srv.Call("SET", "t/lock:w", "someone", "PX", "60000");
+                    var ts = Enumerable.Range(0, 8).Select(i => Safe(() => c.Get(i % 2 == 0 ? "w" : "w" + i, l => { Thread.Sleep(200); return (B("x"), TimeSpan.Zero); }))).ToList();
+                    ts.ForEach(t => t.Start());
+                    Thread.Sleep(round * 100);
+                    if (round == 2) srv.Call("CLIENT", "KILL", "TYPE", "pubsub");
+                    c.Close();
+                    foreach (var t in ts) Assert.True(t.Join(5000), "caller returned");
+                    var sub = Field(c, "Sub");
+                    var th = (Thread)Field(sub, "thread");
+                    Assert.True(th == null || !th.IsAlive, "writer thread stopped");
+                    var readers = (List<Thread>)Field(sub, "readers");
+                    lock (readers) Assert.True(readers.All(r => !r.IsAlive), "reader threads stopped");
+                    rdb.Dispose();
+                    Assert.Eventually(() => ((object[])srv.Call("PUBSUB", "CHANNELS")).Length == 0, 5, "no channel left subscribed");
+                }
+            }
+        }
+
+        /// <summary>Timeouts and lock TTLs beyond WaitHandle's int.MaxValue ms.</summary>
+        [Test]
+        static void Get_HugeTimeoutAndLockTtlWork()
+        {
+            using (var srv = new RedisServer())
+            using (var rdb = srv.Transport())
+            using (var c = new MemoLock(rdb, "t", TimeSpan.FromMilliseconds(3L * int.MaxValue + 3)))
+            {
+                Assert.Equal("v", S(c.Get("k", l => { Thread.Sleep(50); return (B("v"), TimeSpan.Zero); }, TimeSpan.FromDays(30))), "miss with a 30-day timeout");
+                Assert.Equal("v", S(c.Get("k", l => (B("x"), TimeSpan.Zero), TimeSpan.FromDays(30))), "hit with a 30-day timeout");
+            }
+        }
+
+        /// <summary>RESP replies split into 1-byte reads, nested arrays, errors, a 1 MB bulk, and garbage.</summary>
+        [Test]
+        static void Resp_ParsesPartialReadsAndRejectsGarbage()
+        {
+            var big = new byte[1 << 20];
+            new Random(2).NextBytes(big);
+            var ms = new System.IO.MemoryStream();
+            Action<string> w = t => { var b = Encoding.UTF8.GetBytes(t); ms.Write(b, 0, b.Length); };
+            w("*3\r\n:-5\r\n*2\r\n$1\r\n1\r\n*-1\r\n$0\r\n\r\n");
+            w("-NOPERM no permission for 'ch\u00e9'\r\n");
+            w("$" + big.Length + "\r\n"); ms.Write(big, 0, big.Length); w("\r\n");
+            w("+OK\r\n$-1\r\n");
+            w("$2\r\nabc\r\n");
+            var script = ms.ToArray();
+            var l = new System.Net.Sockets.TcpListener(System.Net.IPAddress.Loopback, 0);
+            l.Start();
+            int port = ((System.Net.IPEndPoint)l.LocalEndpoint).Port;
+            var server = Safe(() =>
+            {
+                using (var s = l.AcceptSocket())
+                {
+                    for (int i = 0; i < 200; i++) { s.Send(script, i, 1, System.Net.Sockets.SocketFlags.None); Thread.Sleep(1); }
+                    s.Send(script, 200, script.Length - 200, System.Net.Sockets.SocketFlags.None);
+                    Thread.Sleep(2000);
+                }
+            });
+            server.Start();
+            try
+            {
+                using (var c = RespConnection.Open(RedisUrl.Parse("redis://127.0.0.1:" + port), 5000))
+                {
+                    var a = (object[])c.Read();
+                    Assert.Equal(3, a.Length, "array");
+                    Assert.Equal(-5L, (long)a[0], "integer");
+                    var inner = (object[])a[1];
+                    Assert.Bytes(B("1"), (byte[])inner[0], "bulk 1 stays bytes");
+                    Assert.True(inner[1] == null, "nil array");
+                    Assert.Bytes(new byte[0], (byte[])a[2], "empty bulk");
+                    var e = c.Read() as RedisReplyException;
+                    Assert.True(e != null && e.Message == "NOPERM no permission for 'ch\u00e9'", "error reply, UTF-8: " + (e == null ? "none" : e.Message));
+                    Assert.Bytes(big, (byte[])c.Read(), "1 MB bulk");
+                    Assert.Equal("OK", c.Read() as string, "status");
+                    Assert.True(c.Read() == null, "nil bulk");
+                    Assert.Throws<RedisConnectionException>(() => c.Read(), "a bulk longer than its length");
+                }
+            }
+            finally { l.Stop(); }
+        }
+    
+        /// <summary>
+        /// Many callers on few ids across clients, one client closed at a
+        /// different moment each round, the pub/sub connections killed now
+        /// and then: every caller returns promptly with a value or
+        /// MemoLockClosedException, and the values agree.
+        /// </summary>
+        [Test(TimeoutSeconds = 60)]
+        static void Stress_CloseAndKillsAtEveryPhase()
+        {
+            using (var srv = new RedisServer())
+            {
+                var rnd = new Random(7);
+                for (int round = 0; round < 8; round++)
+                {
+                    var ts = Enumerable.Range(0, 3).Select(_ => srv.Transport()).ToArray();
+                    var cs = ts.Select(t => new MemoLock(t, "s" + round, TimeSpan.FromMilliseconds(500))).ToArray();
+                    var errors = new List<string>();
+                    var values = new Dictionary<string, HashSet<string>>();
+                    var threads = new List<Thread>();
+                    for (int i = 0; i < 24; i++)
+                    {
+                        var c = cs[i % 3];
+                        string id = "id" + (i % 4);
+                        int delay = rnd.Next(0, 60);
+                        threads.Add(new Thread(() =>
+                        {
+                            try
+                            {
+                                Thread.Sleep(delay);
+                                var v = S(c.Get(id, l => { Thread.Sleep(80); return (B("v-" + l.Token), TimeSpan.FromSeconds(5)); }, TimeSpan.FromSeconds(20)));
+                                lock (values) { if (!values.ContainsKey(id)) values[id] = new HashSet<string>(); values[id].Add(v); }
+                            }
+                            catch (MemoLockClosedException) { }
+                            catch (Exception e) { lock (errors) errors.Add(id + ": " + e.GetType().Name + ": " + e.Message); }
+                        }) { IsBackground = true });
+                    }
+                    threads.ForEach(t => t.Start());
+                    Thread.Sleep(rnd.Next(0, 150));
+                    if (round % 2 == 1) srv.Call("CLIENT", "KILL", "TYPE", "pubsub");
+                    var closeSw = Stopwatch.StartNew();
+                    cs[0].Close();
+                    Assert.True(closeSw.ElapsedMilliseconds < 2500, "Close took " + closeSw.ElapsedMilliseconds + " ms");
+                    foreach (var t in threads) Assert.True(t.Join(15000), "round " + round + ": a caller is stuck");
+                    foreach (var c in cs) c.Close();
+                    foreach (var t in ts) t.Dispose();
+                    lock (errors) Assert.True(errors.Count == 0, "round " + round + ": " + string.Join("; ", errors));
+                    foreach (var kv in values)
+                        Assert.True(kv.Value.Count == 1, "round " + round + " " + kv.Key + ": callers got different values: " + string.Join(", ", kv.Value));
+                }
+            }
+        }
+    
+        /// <summary>The server restarts (empty) while a wait runs: the wait reconnects, re-reads, takes the free lock and computes.</summary>
+        [Test(TimeoutSeconds = 60)]
+        static void Get_ServerRestartDuringAWait()
+        {
+            var srv = new RedisServer();
+            RedisServer srv2 = null;
+            var rdb = srv.Transport();
+            var c = new MemoLock(rdb, "t");
+            try
+            {
+                srv.Call("SET", "t/lock:r", "someone", "PX", "60000");
+                byte[] got = null;
+                Exception err = null;
+                var t = Safe(() => { try { got = c.Get("r", l => (B("computed after the restart"), TimeSpan.Zero), TimeSpan.FromSeconds(30)); } catch (Exception e) { err = e; } });
+                t.Start();
+                Assert.Eventually(() => NumSub(srv, "t/notif:r") == 1, 10, "subscribed");
+                int port = srv.Port;
+                srv.Dispose();
+                Thread.Sleep(300);
+                srv2 = new RedisServer(port: port);
+                Assert.True(t.Join(15000), "the wait ended");
+                Assert.Equal(null, err, "error");
+                Assert.Equal("computed after the restart", S(got), "value");
+                Assert.Equal("computed after the restart", S((byte[])srv2.Call("GET", "t:r")), "stored on the new server");
+            }
+            finally { c.Close(); rdb.Dispose(); srv.Dispose(); if (srv2 != null) srv2.Dispose(); }
+        }
+
+        /// <summary>A 1 MB binary value (every byte value) goes from a holder to waiters in other clients byte for byte.</summary>
+        [Test]
+        static void Get_MegabyteBinaryValueReachesWaiters()
+        {
+            using (var srv = new RedisServer())
+            {
+                var ts = Enumerable.Range(0, 3).Select(_ => srv.Transport()).ToArray();
+                var cs = ts.Select(t => new MemoLock(t, "t")).ToArray();
+                try
+                {
+                    var big = new byte[1 << 20];
+                    for (int i = 0; i < big.Length; i++) big[i] = (byte)(i * 7 + (i >> 8));
+                    var inFetch = new ManualResetEvent(false);
+                    var results = new byte[3][];
+                    var threads = new List<Thread>();
+                    threads.Add(Safe(() => results[0] = cs[0].Get("big", l => { inFetch.Set(); Thread.Sleep(300); return (big, TimeSpan.Zero); })));
+                    threads[0].Start();
+                    Assert.True(inFetch.WaitOne(10000), "holder computes");
+                    for (int k = 1; k < 3; k++)
+                    {
+                        int kk = k;
+                        var t = Safe(() => results[kk] = cs[kk].Get("big", l => (B("wrong"), TimeSpan.Zero)));
+                        threads.Add(t);
+                        t.Start();
+                    }
+                    foreach (var t in threads) Assert.True(t.Join(10000), "returned");
+                    for (int k = 0; k < 3; k++) Assert.True(Bytes.Equal(big, results[k]), "client " + k + " got the value byte for byte");
+                    Assert.True(Bytes.Equal(big, (byte[])srv.Call("GET", "t:big")), "stored");
+                }
+                finally { foreach (var c in cs) c.Close(); foreach (var t in ts) t.Dispose(); }
+            }
+        }
+    
+        /// <summary>
+        /// External mode after a wait: the watch already exists when the
+        /// flight takes the lock over, so a producer that publishes at once
+        /// reaches the subscriber before the wait is set up again. The
+        /// winner must still release its lock with the 1 s linger (not
+        /// delete it with an abandon event).
+        /// </summary>
+        [Test]
+        static void External_FastProducerAfterATakeoverStillLingers()
+        {
+            using (var srv = new RedisServer())
+            using (var rdb = srv.Transport())
+            using (var c = new MemoLock(rdb, "t"))
+            {
+                srv.Call("SET", "t/lock:fx", "someone", "PX", "400");
+                var listener = RespConnection.Open(srv.Url(), 5000);
+                try
+                {
+                    listener.Call("SUBSCRIBE", "t/lock-event:fx");
+                    string token = null;
+                    var v = c.GetExternal("fx", l =>
+                    {
+                        token = l.Token;
+                        srv.Call("SET", "t:fx", "fast");
+                        srv.Call("PUBLISH", "t/notif:fx", "fast");
+                        Thread.Sleep(200); // the subscriber has the value before the wait looks again
+                    }, TimeSpan.FromSeconds(10));
+                    Assert.Equal("fast", S(v), "value");
+                    Assert.Eventually(() => S((byte[])srv.Call("GET", "t/lock:fx")) != token, 5, "lock released");
+                    Assert.Equal("done:" + token, S((byte[])srv.Call("GET", "t/lock:fx")), "lock lingers as done:<token>");
+                    Assert.True(!listener.Poll(300), "no abandon event");
+                }
+                finally { listener.Dispose(); }
+            }
+        }
+    
+        /// <summary>
+        /// A reply that does not match, in order, what was sent (a client
+        /// library that resubscribed by itself would show one) replaces the
+        /// connection, and the wait still re-reads and gets its value.
+        /// </summary>
+        [Test]
+        static void Sub_UnexpectedAckReplacesTheConnection()
+        {
+            using (var srv = new RedisServer())
+            {
+                var spy = new SpyTransport(srv.Url()) { InjectStaleAck = 2 };
+                var c = new MemoLock(spy, "t", onWait: (id, h) => srv.Call("SET", "t:st", "quiet"));
+                try
+                {
+                    srv.Call("SET", "t/lock:st", "someone", "PX", "60000");
+                    Assert.Equal("quiet", S(c.Get("st", l => (B("x"), TimeSpan.Zero), TimeSpan.FromSeconds(10))), "value found by the re-read on the third connection");
+                    Assert.True(c.Reconnects >= 2, "replaced twice: " + c.Reconnects);
+                }
+                finally { c.Close(); spy.Dispose(); }
+            }
+        }
+    
+        /// <summary>
+        /// One channel unsubscribed and subscribed again over and over (waits
+        /// that time out, new ones at once): every new wait still becomes
+        /// live and re-reads, and no reply is ever taken for out of order.
+        /// </summary>
+        [Test(TimeoutSeconds = 60)]
+        static void Sub_ChurnOnOneChannelKeepsOrderAndLiveness()
+        {
+            using (var srv = new RedisServer())
+            {
+                var rdb = srv.Transport();
+                string quiet = null;
+                var c = new MemoLock(rdb, "t", onWait: (id, h) => { var q = quiet; if (q != null) srv.Call("SET", "t:" + id, q); });
+                try
+                {
+                    for (int i = 0; i < 40; i++)
+                    {
+                        string id = "churn" + (i % 3);
+                        srv.Call("DEL", "t:" + id);
+                        srv.Call("SET", "t/lock:" + id, "someone", "PX", "60000");
+                        quiet = null;
+                        var leaving = Safe(() => c.Get(id, l => (B("x"), TimeSpan.Zero), TimeSpan.FromMilliseconds(i % 7)));
+                        leaving.Start();
+                        Assert.True(leaving.Join(5000), "the short wait left");
+                        quiet = "v" + i;
+                        var sw = Stopwatch.StartNew();
+                        Assert.Equal("v" + i, S(c.Get(id, l => (B("x"), TimeSpan.Zero), TimeSpan.FromSeconds(5))), "round " + i);
+                        Assert.True(sw.ElapsedMilliseconds < 2000, "round " + i + " took " + sw.ElapsedMilliseconds + " ms");
+                    }
+                    Assert.Equal(0, c.Reconnects, "no reply taken for out of order");
+                }
+                finally { c.Close(); rdb.Dispose(); }
+            }
+        }
+    }
+}
