@@ -49,13 +49,15 @@ var errGoexit = errors.New("memolock: fetch called runtime.Goexit")
 // Whatever can wait until the callers have their value is left to w.
 func (c *Client) compute(f *flight, w *wait, lease *Lease, pttl time.Duration) ([]byte, error) {
 	c.stats.fetches.Add(1)
+	fctx, cancel := context.WithCancel(f.ctx)
+	defer cancel()
 	results := make(chan fetchResult, 1)
 	go func() {
 		res := fetchResult{err: errGoexit}
 		defer c.callbacks.Done()
 		defer func() { results <- res }()
 		if p := callUser(func() {
-			val, ttl, err := f.fetch(f.ctx, lease)
+			val, ttl, err := f.fetch(fctx, lease)
 			res = fetchResult{val: val, ttl: ttl, err: err}
 		}); p != nil {
 			res = fetchResult{err: fmt.Errorf("%w: %v\n%s", ErrFetchPanicked, p, debug.Stack())}
@@ -63,7 +65,7 @@ func (c *Client) compute(f *flight, w *wait, lease *Lease, pttl time.Duration) (
 	}()
 
 	if lease == nil {
-		res := <-results
+		res := c.fetched(f, results, cancel)
 		if res.err != nil {
 			c.stats.fetchErrors.Add(1)
 		}
@@ -76,7 +78,7 @@ func (c *Client) compute(f *flight, w *wait, lease *Lease, pttl time.Duration) (
 		first = min(first, pttl/2)
 	}
 	go c.watchdog(f, lease, first, stop, stopped)
-	res := <-results // Close cancels f.ctx, and waits for this too
+	res := c.fetched(f, results, cancel) // Close cancels f.ctx, and waits for fetch too
 	close(stop)
 	<-stopped // a late renewal must not find the lock gone and report it lost
 
@@ -99,6 +101,39 @@ func (c *Client) compute(f *flight, w *wait, lease *Lease, pttl time.Duration) (
 		w.after = func() { c.storeFailed(f, err) }
 	}
 	return res.val, nil
+}
+
+// fetched returns fetch's result, or, once the fetch time limit passes,
+// cancels fetch's context and returns an error wrapping ErrTimeout without
+// waiting for fetch (the goroutine running it ends when fetch returns).
+func (c *Client) fetched(f *flight, results <-chan fetchResult, cancel context.CancelFunc) fetchResult {
+	limit := c.fetchTimeout
+	if d, ok := f.ctx.Value(fetchTimeoutKey{}).(time.Duration); ok {
+		limit = d
+	}
+	if limit <= 0 {
+		return <-results
+	}
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	select {
+	case res := <-results:
+		return res
+	case <-t.C:
+		cancel()
+		c.stats.fetchTimeouts.Add(1)
+		return fetchResult{err: fmt.Errorf("%w: fetch of id %s ran past its time limit of %v", ErrTimeout, quote(f.id), limit)}
+	}
+}
+
+type fetchTimeoutKey struct{}
+
+// WithFetchTimeout returns a context that makes Get bound fetch by d,
+// overriding Options.FetchTimeout (0: no limit). It applies to the flight
+// that the call starts; a call that joins a flight already running in
+// this process shares that flight's limit.
+func WithFetchTimeout(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, fetchTimeoutKey{}, max(d, 0))
 }
 
 // storeFailed tells waiters elsewhere that the store failed, now rather

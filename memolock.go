@@ -67,6 +67,15 @@ type Options struct {
 	// must hash the same way to share values.
 	HashIDs bool
 
+	// FetchTimeout, if set, bounds how long fetch may hold the lock. When
+	// it passes, fetch's context is cancelled, the lock is released with a
+	// failure event (waiters elsewhere get ErrHolderFailed at once), and
+	// the callers get an error wrapping ErrTimeout, so that a hung
+	// dependency cannot freeze a key in every process while its watchdog
+	// renews the lock. fetch may go on running until it returns; Close
+	// waits for it. WithFetchTimeout overrides it per call. Default: none.
+	FetchTimeout time.Duration
+
 	// OnWait, if set, is called when a flight starts waiting for a lock held
 	// by somebody else, with the caller's id and the holder's token. It runs
 	// on the flight's goroutine: keep it quick. A panic in it is recovered
@@ -90,13 +99,14 @@ const closeWait = time.Second
 // load, a few short-lived goroutines send overlapping lookups as pipelines;
 // while Redis is unreachable, one goroutine probes it. Close stops them.
 type Client struct {
-	rdb      redis.UniversalClient
-	keys     KeyScheme
-	proto    protocol
-	lockTTL  time.Duration
-	failOpen bool
-	hashIDs  bool
-	onWait   func(id, holder string)
+	rdb          redis.UniversalClient
+	keys         KeyScheme
+	proto        protocol
+	lockTTL      time.Duration
+	failOpen     bool
+	hashIDs      bool
+	onWait       func(id, holder string)
+	fetchTimeout time.Duration // Options.FetchTimeout
 
 	flights group
 	sub     *subscriber
@@ -130,14 +140,18 @@ func New(rdb redis.UniversalClient, tag string, opts *Options) (*Client, error) 
 	case lockTTL < time.Millisecond:
 		return nil, fmt.Errorf("%w: LockTTL %v is under 1ms; Redis locks are set in whole milliseconds", ErrInvalid, lockTTL)
 	}
+	if opts.FetchTimeout < 0 {
+		return nil, fmt.Errorf("%w: FetchTimeout %v is negative; use 0 for no limit", ErrInvalid, opts.FetchTimeout)
+	}
 	c := &Client{
-		rdb:      rdb,
-		keys:     keys,
-		lockTTL:  lockTTL.Truncate(time.Millisecond),
-		failOpen: opts.FailOpen,
-		hashIDs:  opts.HashIDs,
-		onWait:   opts.OnWait,
-		closed:   make(chan struct{}),
+		rdb:          rdb,
+		keys:         keys,
+		lockTTL:      lockTTL.Truncate(time.Millisecond),
+		failOpen:     opts.FailOpen,
+		hashIDs:      opts.HashIDs,
+		onWait:       opts.OnWait,
+		fetchTimeout: opts.FetchTimeout,
+		closed:       make(chan struct{}),
 	}
 	c.sub = newSubscriber(rdb, &c.stats)
 	c.batch = newBatcher(rdb, &c.stats, &c.wg)

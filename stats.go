@@ -4,18 +4,19 @@ import "sync/atomic"
 
 // counters are a Client's live statistics: cheap atomics, safe to read at any time.
 type counters struct {
-	hits        atomic.Int64
-	fetches     atomic.Int64
-	fetchErrors atomic.Int64
-	waits       atomic.Int64
-	wakeups     atomic.Int64
-	takeovers   atomic.Int64
-	holderFails atomic.Int64
-	leaseLost   atomic.Int64
-	storeErrors atomic.Int64
-	failOpen    atomic.Int64
-	batched     atomic.Int64
-	outages     atomic.Int64
+	hits          atomic.Int64
+	fetches       atomic.Int64
+	fetchErrors   atomic.Int64
+	fetchTimeouts atomic.Int64
+	waits         atomic.Int64
+	wakeups       atomic.Int64
+	takeovers     atomic.Int64
+	holderFails   atomic.Int64
+	leaseLost     atomic.Int64
+	storeErrors   atomic.Int64
+	failOpen      atomic.Int64
+	batched       atomic.Int64
+	outages       atomic.Int64
 
 	subscribes   atomic.Int64
 	unsubscribes atomic.Int64
@@ -26,20 +27,21 @@ type counters struct {
 // Stats is a copy of what a Client has done since it was created, returned by
 // Client.Stats.
 type Stats struct {
-	Gets        int64 // calls to Get and its variants
-	Hits        int64 // flights answered by a value already in Redis
-	Coalesced   int64 // callers that joined a flight already running in this process
-	Fetches     int64 // fetch functions run by this process
-	FetchErrors int64 // fetches that returned an error or panicked
-	Waits       int64 // flights that waited for another holder
-	Wakeups     int64 // flights answered by a pub/sub notification
-	Takeovers   int64 // locks taken after the previous holder's lock expired
-	HolderFails int64 // errors received from a failed holder in another process
-	LeaseLost   int64 // fetched values not stored because the lock was lost
-	StoreErrors int64 // fetched values not stored because Redis failed
-	FailOpen    int64 // fetches run without a lock because Redis failed (Options.FailOpen)
-	Batched     int64 // lookups sent in one pipeline with others, under load
-	Outages     int64 // times Redis was found unreachable; each ends when a probe PING is answered
+	Gets          int64 // calls to Get and its variants
+	Hits          int64 // flights answered by a value already in Redis
+	Coalesced     int64 // callers that joined a flight already running in this process
+	Fetches       int64 // fetch functions run by this process
+	FetchErrors   int64 // fetches that returned an error or panicked
+	FetchTimeouts int64 // fetches that ran past their time limit (Options.FetchTimeout); also counted in FetchErrors
+	Waits         int64 // flights that waited for another holder
+	Wakeups       int64 // flights answered by a pub/sub notification
+	Takeovers     int64 // locks taken after the previous holder's lock expired
+	HolderFails   int64 // errors received from a failed holder in another process
+	LeaseLost     int64 // fetched values not stored because the lock was lost
+	StoreErrors   int64 // fetched values not stored because Redis failed
+	FailOpen      int64 // fetches run without a lock because Redis failed (Options.FailOpen)
+	Batched       int64 // lookups sent in one pipeline with others, under load
+	Outages       int64 // times Redis was found unreachable; each ends when a probe PING is answered
 
 	Subscribes   int64 // SUBSCRIBE commands sent
 	Unsubscribes int64 // UNSUBSCRIBE commands sent
@@ -49,22 +51,23 @@ type Stats struct {
 
 func (s *counters) snapshot() Stats {
 	return Stats{
-		Hits:         s.hits.Load(),
-		Fetches:      s.fetches.Load(),
-		FetchErrors:  s.fetchErrors.Load(),
-		Waits:        s.waits.Load(),
-		Wakeups:      s.wakeups.Load(),
-		Takeovers:    s.takeovers.Load(),
-		HolderFails:  s.holderFails.Load(),
-		LeaseLost:    s.leaseLost.Load(),
-		StoreErrors:  s.storeErrors.Load(),
-		FailOpen:     s.failOpen.Load(),
-		Batched:      s.batched.Load(),
-		Outages:      s.outages.Load(),
-		Subscribes:   s.subscribes.Load(),
-		Unsubscribes: s.unsubscribes.Load(),
-		Pings:        s.pings.Load(),
-		Reconnects:   s.reconnects.Load(),
+		Hits:          s.hits.Load(),
+		Fetches:       s.fetches.Load(),
+		FetchErrors:   s.fetchErrors.Load(),
+		FetchTimeouts: s.fetchTimeouts.Load(),
+		Waits:         s.waits.Load(),
+		Wakeups:       s.wakeups.Load(),
+		Takeovers:     s.takeovers.Load(),
+		HolderFails:   s.holderFails.Load(),
+		LeaseLost:     s.leaseLost.Load(),
+		StoreErrors:   s.storeErrors.Load(),
+		FailOpen:      s.failOpen.Load(),
+		Batched:       s.batched.Load(),
+		Outages:       s.outages.Load(),
+		Subscribes:    s.subscribes.Load(),
+		Unsubscribes:  s.unsubscribes.Load(),
+		Pings:         s.pings.Load(),
+		Reconnects:    s.reconnects.Load(),
 	}
 }
 
