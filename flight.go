@@ -192,6 +192,18 @@ func (g *group) close() ([]*flight, bool) {
 	return flights, true
 }
 
+// track adds one to wg, for work that Close waits for, unless the group is
+// closed.
+func (g *group) track(wg *sync.WaitGroup) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return false
+	}
+	wg.Add(1)
+	return true
+}
+
 // isClosed reports whether close has been called.
 func (g *group) isClosed() bool {
 	g.mu.Lock()

@@ -109,11 +109,59 @@ if left >= 0 and left < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], AR
 return 1
 `
 
+// The control scripts: Delete, Set and Peek. Peers need none of them to
+// interoperate; they only use the keys and channels above.
+
+// deleteSrc deletes the value and the lock, so that a computation under
+// way can never store afterwards (its store finds its token gone), and
+// tells the waiters of that holder to look again.
+// KEYS: value, lock. ARGV: events channel.
+// Reply: 1 if a value was deleted, else 0.
+const deleteSrc = `local holder = redis.call('GET', KEYS[2])
+local n = redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[2])
+if holder and string.sub(holder, 1, 5) ~= 'done:' then
+  redis.call('PUBLISH', ARGV[1], 'abandon\n' .. holder .. '\n')
+end
+return n
+`
+
+// setSrc writes a value as a store does, whoever holds the lock: the lock
+// becomes "done:<token>" (killing any lease in flight, whose store then
+// refuses), and the value is published to waiters.
+// KEYS: value, lock. ARGV: token, value, value TTL in ms (0: no expiry),
+// value channel, linger in ms.
+// Reply: 1.
+const setSrc = `local linger = tonumber(ARGV[5]) or 0
+if ARGV[3] == '0' then
+  redis.call('SET', KEYS[1], ARGV[2])
+else
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  linger = math.min(linger, tonumber(ARGV[3]))
+end
+if linger >= 1 then
+  redis.call('SET', KEYS[2], 'done:' .. ARGV[1], 'PX', linger)
+else
+  redis.call('DEL', KEYS[2])
+end
+redis.call('PUBLISH', ARGV[4], ARGV[2])
+return 1
+`
+
+// peekSrc reads the value, its PTTL, the lock and its PTTL at one instant.
+// KEYS: value, lock.
+// Reply: {value or nil, value PTTL, holder or nil, lock PTTL}.
+const peekSrc = `return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), redis.call('PTTL', KEYS[2])}
+`
+
 var (
 	acquireScript = redis.NewScript(acquireSrc)
 	storeScript   = redis.NewScript(storeSrc)
 	releaseScript = redis.NewScript(releaseSrc)
 	renewScript   = redis.NewScript(renewSrc)
+	deleteScript  = redis.NewScript(deleteSrc)
+	setScript     = redis.NewScript(setSrc)
+	peekScript    = redis.NewScript(peekSrc)
 )
 
 // lockLinger is how long a lock outlives a stored value (at most as long as
@@ -198,12 +246,8 @@ func decodeAcquire(res any) (reply, bool) {
 // store runs the store script. It reports whether the value is stored; when
 // it is not, the lease was lost and the script told waiters so.
 func (p *protocol) store(ctx context.Context, id, token string, val []byte, ttl time.Duration) (bool, error) {
-	ms := "0"
-	if ttl > 0 {
-		ms = strconv.FormatInt(max(ttl.Milliseconds(), 1), 10)
-	}
 	n, err := storeScript.Run(ctx, p.rdb, []string{p.keys.Value(id), p.keys.Lock(id)},
-		token, val, ms, p.keys.Notif(id), p.keys.Events(id), lockLinger.Milliseconds()).Int()
+		token, val, ttlMillis(ttl), p.keys.Notif(id), p.keys.Events(id), lockLinger.Milliseconds()).Int()
 	if err != nil {
 		return false, fmt.Errorf("%w: storing %s: %w", ErrRedis, quote(p.keys.Value(id)), err)
 	}

@@ -1,0 +1,245 @@
+package memolock
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Delete removes the value of id and its lock, in one step. A computation
+// already under way for id, here or in any other memolock process, can
+// never store its value afterwards: its store finds its token gone (the
+// rule of memcache leases against stale sets). Its own callers still get
+// the value it computed; waiters of that holder look again at once and
+// compute afresh. Delete reports whether a value was there.
+//
+// Original redis-memolock peers store without checking the lock, so a
+// computation of theirs still under way stores its value after a Delete.
+func (c *Client) Delete(ctx context.Context, id string) (bool, error) {
+	key, err := c.control(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	var n int
+	err = c.bounded(ctx, func(ctx context.Context) error {
+		var err error
+		n, err = deleteScript.Run(ctx, c.rdb, []string{c.keys.Value(key), c.keys.Lock(key)}, c.keys.Events(key)).Int()
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("%w: deleting %s: %w", ErrRedis, quote(c.keys.Value(key)), err)
+	}
+	return n == 1, nil
+}
+
+// Set stores value for id with ttl (0 keeps it for ever), whoever holds
+// the lock, and publishes it: callers waiting for id, in any process and
+// language, get it at once. A computation under way for id will not
+// overwrite it: Set leaves the lock done, as a store does, so that the
+// holder's lease is lost.
+func (c *Client) Set(ctx context.Context, id string, value []byte, ttl time.Duration) error {
+	key, err := c.control(ctx, id)
+	if err != nil {
+		return err
+	}
+	if ttl < 0 {
+		return fmt.Errorf("%w: TTL %v is negative; use 0 to keep the value for ever", ErrInvalid, ttl)
+	}
+	if value == nil {
+		value = []byte{}
+	}
+	err = c.bounded(ctx, func(ctx context.Context) error {
+		return setScript.Run(ctx, c.rdb, []string{c.keys.Value(key), c.keys.Lock(key)},
+			newToken(), value, ttlMillis(ttl), c.keys.Notif(key), lockLinger.Milliseconds()).Err()
+	})
+	if err != nil {
+		return fmt.Errorf("%w: setting %s: %w", ErrRedis, quote(c.keys.Value(key)), err)
+	}
+	return nil
+}
+
+// Peeked is what Peek found for one id.
+type Peeked struct {
+	Value []byte        // the value; nil if there is none
+	Found bool          // whether there is a value (an empty one counts)
+	TTL   time.Duration // the value's remaining time; -1 if it never expires
+	// Holder is the token of the lock's holder, if the lock is held: a
+	// computation is under way (or, prefixed "done:", the lock outlives a
+	// stored value for a moment).
+	Holder    string
+	HolderTTL time.Duration // the lock's remaining time
+}
+
+// Peek reads what Redis holds for id: the value, its remaining TTL, and
+// who holds the lock, if anyone. It never computes and never waits.
+func (c *Client) Peek(ctx context.Context, id string) (Peeked, error) {
+	key, err := c.control(ctx, id)
+	if err != nil {
+		return Peeked{}, err
+	}
+	var res []any
+	err = c.bounded(ctx, func(ctx context.Context) error {
+		var err error
+		res, err = peekScript.Run(ctx, c.rdb, []string{c.keys.Value(key), c.keys.Lock(key)}).Slice()
+		return err
+	})
+	if err == nil && len(res) != 4 {
+		err = fmt.Errorf("unexpected script reply %v", res)
+	}
+	if err != nil {
+		return Peeked{}, fmt.Errorf("%w: peeking at %s: %w", ErrRedis, quote(c.keys.Value(key)), err)
+	}
+	var p Peeked
+	if v, ok := res[0].(string); ok {
+		p.Value, p.Found = []byte(v), true
+		p.TTL = pttl(res[1])
+	}
+	if h, ok := res[2].(string); ok {
+		p.Holder = h
+		p.HolderTTL = pttl(res[3])
+	}
+	return p, nil
+}
+
+func pttl(v any) time.Duration {
+	ms, _ := v.(int64)
+	if ms < 0 {
+		return -1
+	}
+	return time.Duration(min(ms, int64(maxPTTL/time.Millisecond))) * time.Millisecond
+}
+
+// purgeBatch is how many keys Purge asks SCAN for, and unlinks, at a time.
+const purgeBatch = 500
+
+// Purge removes every value and lock of the client's tag, with SCAN and
+// UNLINK in batches (never KEYS, which blocks the server), on every master
+// of a cluster. It reports how many keys it removed. Computations under
+// way lose their leases, as with Delete.
+//
+// Keys of a tag nested in this one go too: tag "app" purges the values of
+// tag "app:x", whose keys all start "app:".
+func (c *Client) Purge(ctx context.Context) (int64, error) {
+	if _, err := c.control(ctx, ""); err != nil {
+		return 0, err
+	}
+	var n atomic.Int64
+	purge := func(ctx context.Context, node redis.Cmdable) error {
+		for _, pattern := range []string{globEscape(c.keys.Value("")) + "*", globEscape(c.keys.Lock("")) + "*"} {
+			if err := purgeNode(ctx, node, pattern, &n); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	err := c.bounded(ctx, func(ctx context.Context) error {
+		if cc, ok := c.rdb.(*redis.ClusterClient); ok {
+			return cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return purge(ctx, node) })
+		}
+		return purge(ctx, c.rdb)
+	})
+	if err != nil {
+		return n.Load(), fmt.Errorf("%w: purging tag %s: %w", ErrRedis, quote(c.keys.Tag()), err)
+	}
+	return n.Load(), nil
+}
+
+// purgeNode unlinks the keys matching pattern on one node, adding their
+// number to n.
+func purgeNode(ctx context.Context, node redis.Cmdable, pattern string, n *atomic.Int64) error {
+	var cursor uint64
+	for {
+		keys, next, err := node.Scan(ctx, cursor, pattern, purgeBatch).Result()
+		if err != nil {
+			return err
+		}
+		if len(keys) > 0 {
+			m, err := node.Unlink(ctx, keys...).Result()
+			n.Add(m)
+			if err != nil {
+				return err
+			}
+		}
+		if next == 0 {
+			return nil
+		}
+		cursor = next
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+}
+
+// globEscape escapes the characters that SCAN MATCH patterns treat
+// specially.
+func globEscape(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '*', '?', '[', ']', '\\', '^', '-':
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// control checks a control call's arguments and returns the id as sent to
+// Redis.
+func (c *Client) control(ctx context.Context, id string) (string, error) {
+	if err := c.usable(); err != nil {
+		return "", err
+	}
+	if c.closingNow() {
+		return "", ErrClosed
+	}
+	if ctx == nil {
+		return "", fmt.Errorf("%w: context is nil", ErrInvalid)
+	}
+	if err := ctx.Err(); err != nil {
+		return "", fmt.Errorf("%w: %w", ErrTimeout, err)
+	}
+	if c.hashIDs {
+		return HashID(id), nil
+	}
+	return id, nil
+}
+
+// bounded runs fn, a call to Redis, and returns when it does or when ctx
+// ends, whichever comes first: go-redis ignores context deadlines on reads
+// unless ContextTimeoutEnabled is set, and callers' deadlines must hold. A
+// call left behind ends with go-redis's own timeouts; Close waits for it
+// (boundedly).
+func (c *Client) bounded(ctx context.Context, fn func(context.Context) error) error {
+	if ctx.Done() == nil {
+		return fn(ctx)
+	}
+	done := make(chan error, 1)
+	if !c.flights.track(&c.wg) {
+		return ErrClosed
+	}
+	go func() {
+		defer c.wg.Done()
+		done <- fn(ctx)
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %w", ErrTimeout, ctx.Err())
+	}
+}
+
+// ttlMillis is a value TTL as the scripts take it: whole milliseconds, at
+// least 1, or "0" for none.
+func ttlMillis(ttl time.Duration) string {
+	if ttl <= 0 {
+		return "0"
+	}
+	return strconv.FormatInt(max(ttl.Milliseconds(), 1), 10)
+}

@@ -1,0 +1,219 @@
+package memolock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/memolock/memolock/internal/redistest"
+)
+
+// Delete while a fetch runs: the fetch's value reaches its own callers but
+// is never stored, and waiters elsewhere compute afresh at once.
+func TestDelete_RacingARunningFetchNeverStoresTheOldValue(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			holder := newTestClient(t, b.addr, "del", &Options{LockTTL: 30 * time.Second})
+			other := newTestClient(t, b.addr, "del", &Options{LockTTL: 30 * time.Second})
+			admin := newTestClient(t, b.addr, "del", nil)
+			raw := rawClient(t, b.addr)
+			l := countLookups(other.rdb, "del:k")
+			started, release := make(chan struct{}, 1), make(chan struct{})
+			ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+			defer cancel()
+			old := getAsync(holder, ctx, "k", blockingFetch(started, release, "old"))
+			<-started
+			fresh := getAsync(other, ctx, "k", constFetch(new(atomic.Int64), "fresh", 0))
+			parkedAndLive(t, l, 2)
+			if existed, err := admin.Delete(ctx, "k"); err != nil || existed {
+				t.Fatalf("Delete = %v, %v; want false (no value yet), nil", existed, err)
+			}
+			within(t, 5*time.Second, fresh, "fresh", "the waiter elsewhere (lock TTL 30s)")
+			close(release)
+			within(t, 5*time.Second, old, "old", "the holder's own caller")
+			if v := raw.Get(bg(), "del:k").Val(); v != "fresh" {
+				t.Errorf("stored value %q: the computation from before the Delete stored", v)
+			}
+			if n := holder.Stats().LeaseLost; n != 1 {
+				t.Errorf("holder LeaseLost = %d", n)
+			}
+		})
+	}
+}
+
+func TestDelete_ReportsWhetherAValueWasThere(t *testing.T) {
+	b := miniBackend(t)
+	c := newTestClient(t, b.addr, "del2", &Options{HashIDs: true})
+	if _, err := c.Get(bg(), "k", constFetch(new(atomic.Int64), "v", 0)); err != nil {
+		t.Fatal(err)
+	}
+	if existed, err := c.Delete(bg(), "k"); err != nil || !existed {
+		t.Fatalf("Delete = %v, %v", existed, err)
+	}
+	if keys := b.mini.Keys(); len(keys) != 0 {
+		t.Errorf("keys left: %q", keys)
+	}
+	if existed, err := c.Delete(bg(), "k"); err != nil || existed {
+		t.Fatalf("second Delete = %v, %v", existed, err)
+	}
+}
+
+// Set wakes waiters with its value, and the computation under way does not
+// overwrite it.
+func TestSet_WakesWaitersAndOutlivesTheHolder(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			opts := &Options{LockTTL: 30 * time.Second}
+			holder := newTestClient(t, b.addr, "set", opts)
+			other := newTestClient(t, b.addr, "set", opts)
+			admin := newTestClient(t, b.addr, "set", nil)
+			raw := rawClient(t, b.addr)
+			l := countLookups(other.rdb, "set:k")
+			started, release := make(chan struct{}, 1), make(chan struct{})
+			ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+			defer cancel()
+			old := getAsync(holder, ctx, "k", blockingFetch(started, release, "old"))
+			<-started
+			waiter := getAsync(other, ctx, "k", noFetch)
+			parkedAndLive(t, l, 2)
+			if err := admin.Set(ctx, "k", []byte("set by admin"), time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			within(t, 5*time.Second, waiter, "set by admin", "the waiter")
+			close(release)
+			within(t, 5*time.Second, old, "old", "the holder's own caller")
+			if v := raw.Get(bg(), "set:k").Val(); v != "set by admin" {
+				t.Errorf("stored value %q: the holder overwrote Set", v)
+			}
+			if ttl := raw.PTTL(bg(), "set:k").Val(); ttl <= 0 || ttl > time.Minute {
+				t.Errorf("value TTL %v", ttl)
+			}
+			lockDone(t, raw, "set/lock:k")
+		})
+	}
+}
+
+func TestSet_RejectsANegativeTTL(t *testing.T) {
+	c := newTestClient(t, miniBackend(t).addr, "set2", nil)
+	if err := c.Set(bg(), "k", []byte("v"), -time.Second); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Set = %v", err)
+	}
+}
+
+func TestPeek_ShowsValueTTLAndHolderAndNeverComputes(t *testing.T) {
+	b := realBackend(t)
+	c := newTestClient(t, b.addr, "peek", nil)
+	p, err := c.Peek(bg(), "k")
+	if err != nil || p.Found || p.Value != nil || p.Holder != "" {
+		t.Fatalf("Peek of nothing = %+v, %v", p, err)
+	}
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	var token atomic.Value
+	done := getAsync(c, bg(), "k", func(ctx context.Context, l *Lease) ([]byte, time.Duration, error) {
+		token.Store(l.Token())
+		return blockingFetch(started, release, "")(ctx, l)
+	})
+	<-started
+	if p, err := c.Peek(bg(), "k"); err != nil || p.Found || p.Holder != token.Load() || p.HolderTTL <= 0 {
+		t.Errorf("Peek during fetch = %+v, %v; want holder %v", p, err, token.Load())
+	}
+	close(release)
+	<-done
+	if err := c.Set(bg(), "k", []byte{}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	p, err = c.Peek(bg(), "k")
+	if err != nil || !p.Found || len(p.Value) != 0 || p.TTL <= 0 || p.TTL > time.Minute {
+		t.Errorf("Peek of an empty value = %+v, %v", p, err)
+	}
+	if err := c.Set(bg(), "forever", []byte("x"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := c.Peek(bg(), "forever"); err != nil || p.TTL != -1 || string(p.Value) != "x" {
+		t.Errorf("Peek of a value without TTL = %+v, %v", p, err)
+	}
+}
+
+// Purge removes every key of its tag, in batches, and nothing else, even
+// with glob characters in the tag.
+func TestPurge_RemovesTheTagsKeysOnly(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			raw := rawClient(t, b.addr)
+			c := newTestClient(t, b.addr, "p*[x]", nil)
+			const n = 1234
+			for i := range n {
+				raw.Set(bg(), fmt.Sprintf("p*[x]:%d", i), "v", 0)
+			}
+			raw.Set(bg(), "p*[x]/lock:7", "tok", time.Minute)
+			others := []string{"pX[x]:1", "p*[y]:1", "p:1", "p*[x]", "other:1"}
+			for _, k := range others {
+				raw.Set(bg(), k, "keep", 0)
+			}
+			got, err := c.Purge(bg())
+			if err != nil || got != n+1 {
+				t.Fatalf("Purge = %d, %v; want %d", got, err, n+1)
+			}
+			if left := raw.Exists(bg(), others...).Val(); left != int64(len(others)) {
+				t.Errorf("Purge removed keys of other tags: %d of %d left", left, len(others))
+			}
+			if k := raw.Keys(bg(), "p\\*\\[x\\][:/]*").Val(); len(k) != 0 {
+				t.Errorf("left behind: %q", k[:min(len(k), 5)])
+			}
+		})
+	}
+}
+
+// Control calls hold their caller's deadline while Redis stalls.
+func TestControl_DeadlineHoldsWhileRedisStalls(t *testing.T) {
+	srv := redistest.Start(t, "--enable-debug-command", "yes")
+	c := newTestClient(t, srv.Addr, "stall", nil)
+	if _, err := c.Peek(bg(), "warm"); err != nil { // load the script
+		t.Fatal(err)
+	}
+	sleeper := rawClient(t, srv.Addr)
+	slept := make(chan error, 1)
+	go func() { slept <- sleeper.Do(bg(), "DEBUG", "SLEEP", "2").Err() }()
+	defer func() {
+		if err := <-slept; err != nil {
+			t.Error(err)
+		}
+	}()
+	eventually(t, 5*time.Second, "the server to stall", func() bool { return redistest.Stalled(srv.Addr) })
+	for name, call := range map[string]func(context.Context) error{
+		"Peek":   func(ctx context.Context) error { _, err := c.Peek(ctx, "k"); return err },
+		"Delete": func(ctx context.Context) error { _, err := c.Delete(ctx, "k"); return err },
+		"Set":    func(ctx context.Context) error { return c.Set(ctx, "k", []byte("v"), 0) },
+		"Purge":  func(ctx context.Context) error { _, err := c.Purge(ctx); return err },
+	} {
+		ctx, cancel := context.WithTimeout(bg(), 100*time.Millisecond)
+		t0 := time.Now()
+		err := call(ctx)
+		cancel()
+		if !errors.Is(err, ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("%s = %v, want ErrTimeout", name, err)
+		}
+		if d := time.Since(t0); d > time.Second {
+			t.Errorf("%s returned after %v with a 100ms deadline (Redis sleeps 2s)", name, d)
+		}
+	}
+}
+
+func TestControl_BadInput(t *testing.T) {
+	c := newTestClient(t, miniBackend(t).addr, "bad", nil)
+	var nilCtx context.Context // the bad input
+	if _, err := c.Peek(nilCtx, "k"); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "context") {
+		t.Errorf("Peek(nil ctx) = %v", err)
+	}
+	_ = c.Close()
+	if _, err := c.Delete(bg(), "k"); !errors.Is(err, ErrClosed) {
+		t.Errorf("Delete after Close = %v", err)
+	}
+	if _, err := c.Purge(bg()); !errors.Is(err, ErrClosed) {
+		t.Errorf("Purge after Close = %v", err)
+	}
+}
