@@ -163,8 +163,11 @@ func (w *wait) value(v []byte) next {
 		w.c.stats.hits.Add(1)
 	}
 	if w.own.Load() {
-		w.own.Store(false) // before the callers look at Redis again
+		// Released before the callers have the value, and so before they
+		// can look at Redis again: onValue leaves the flight alone while
+		// own is set.
 		w.c.releaseDone(w.f)
+		w.own.Store(false)
 	}
 	return next{val: v}
 }
