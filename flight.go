@@ -17,11 +17,12 @@ type flight struct {
 	fetch FetchFunc
 	start StartFunc // external-producer mode when set
 
-	ctx  context.Context    // set by launch: the first caller's values, no deadline
-	stop context.CancelFunc // cancels ctx
-	done chan struct{}      // closed by finish
-	val  []byte
-	err  error
+	ctx    context.Context    // set by launch: the first caller's values, no deadline
+	stop   context.CancelFunc // cancels ctx
+	done   chan struct{}      // closed by finish
+	val    []byte
+	err    error
+	served Served // how val came, set by finish
 
 	// Guarded by group.mu.
 	refs  int
@@ -160,7 +161,7 @@ func (g *group) retire(f *flight) bool {
 // finish hands the flight's result to its callers. Only the first call
 // counts (Close finishes flights early with ErrClosed); it reports whether
 // this one did.
-func (g *group) finish(f *flight, val []byte, err error) bool {
+func (g *group) finish(f *flight, val []byte, err error, served Served) bool {
 	g.mu.Lock()
 	if f.state == finished {
 		g.mu.Unlock()
@@ -171,7 +172,7 @@ func (g *group) finish(f *flight, val []byte, err error) bool {
 		delete(g.flights, f.key)
 	}
 	g.mu.Unlock()
-	f.val, f.err = val, err
+	f.val, f.err, f.served = val, err, served
 	close(f.done)
 	return true
 }

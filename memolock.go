@@ -168,6 +168,8 @@ func isNilPointer(v any) bool {
 // errNilClient answers calls on a nil or zero-value Client.
 var errNilClient = fmt.Errorf("%w: memolock client is nil or not made by New", ErrInvalid)
 
+var errNilFetch = fmt.Errorf("%w: fetch is nil", ErrInvalid)
+
 // usable reports errNilClient for a nil or zero-value Client.
 func (c *Client) usable() error {
 	if c == nil || c.rdb == nil {
@@ -216,7 +218,7 @@ func (c *Client) Stats() Stats {
 // notices within a second when Redis answers again.
 func (c *Client) Get(ctx context.Context, id string, fetch FetchFunc) ([]byte, error) {
 	if fetch == nil {
-		return nil, fmt.Errorf("%w: fetch is nil", ErrInvalid)
+		return nil, errNilFetch
 	}
 	f, val, err := c.get(ctx, id, fetch, nil)
 	if f != nil {
@@ -281,7 +283,7 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 	a := c.lookup(ctx, f)
 	if a.err == nil && a.r.kind == replyHit {
 		c.stats.hits.Add(1)
-		c.flights.finish(f, a.r.value, nil)
+		c.flights.finish(f, a.r.value, nil, ServedRedis)
 		c.wg.Done()
 		return nil, a.r.value, nil
 	}
@@ -319,7 +321,7 @@ func (c *Client) resolve(f *flight, first *attempt) {
 	w := &wait{c: c, f: f}
 	val, err := c.pursue(f, w, first)
 	// Callers first; the rest can wait.
-	c.flights.finish(f, val, err)
+	c.flights.finish(f, val, err, w.served)
 	w.end()
 }
 
@@ -334,6 +336,7 @@ func (c *Client) pursue(f *flight, w *wait, a *attempt) ([]byte, error) {
 		a = nil
 		if err != nil {
 			w.maybeLocked = w.maybeLocked || sent
+			w.served = ServedComputed // if FailOpen computes
 			return c.lookupFailed(f, err)
 		}
 		switch {
@@ -343,6 +346,7 @@ func (c *Client) pursue(f *flight, w *wait, a *attempt) ([]byte, error) {
 		case r.kind == replyLocked && f.start == nil:
 			w.takeover()
 			w.end() // our own value needs no notification
+			w.served = ServedComputed
 			return c.hold(f, w, r.pttl)
 		case r.kind == replyLocked && w.own.Load() && r.pttl >= 0:
 			// External-producer mode: the lock we took is still ours, and
@@ -428,7 +432,7 @@ func (c *Client) Close() error {
 	}
 	c.flights.cancel(flights) // after close: a fetch that returns finds the client closing
 	for _, f := range flights {
-		c.flights.finish(f, nil, ErrClosed)
+		c.flights.finish(f, nil, ErrClosed, 0)
 	}
 	if inCallback() {
 		go c.shutdown()

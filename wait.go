@@ -22,6 +22,7 @@ type wait struct {
 	holder string      // token of the holder waited for
 	waited bool        // counted in Stats.Waits
 	own    atomic.Bool // the lock is the flight's own (external-producer mode)
+	served Served      // how the value came, for the flight's callers
 
 	// maybeLocked is set when a lookup failed after it may have taken the
 	// lock: end releases the flight's token.
@@ -91,7 +92,7 @@ func (w *wait) busy(r reply) {
 // releases it first, so it is left to the flight.
 func (w *wait) onValue(payload string) {
 	if !w.own.Load() {
-		w.c.flights.finish(w.f, []byte(payload), nil)
+		w.c.flights.finish(w.f, []byte(payload), nil, ServedWaited)
 	}
 }
 
@@ -157,6 +158,14 @@ func (w *wait) onFinished() next {
 
 // value ends the wait with the value, looked up or received.
 func (w *wait) value(v []byte) next {
+	switch {
+	case w.own.Load():
+		w.served = ServedComputed // the external work this flight started
+	case w.waited:
+		w.served = ServedWaited
+	default:
+		w.served = ServedRedis
+	}
 	if w.waited {
 		w.c.stats.wakeups.Add(1)
 	} else {

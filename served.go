@@ -1,0 +1,56 @@
+package memolock
+
+import "context"
+
+// Served tells how a Get was answered.
+type Served uint8
+
+const (
+	// ServedRedis: the value was in Redis.
+	ServedRedis Served = iota + 1
+	// ServedComputed: this process ran fetch (or, with GetExternal, started
+	// the work) for it.
+	ServedComputed
+	// ServedWaited: the value came from a holder elsewhere, pushed while
+	// this process waited, or found in Redis after waiting.
+	ServedWaited
+)
+
+func (s Served) String() string {
+	switch s {
+	case ServedRedis:
+		return "redis"
+	case ServedComputed:
+		return "computed"
+	case ServedWaited:
+		return "waited"
+	}
+	return "none"
+}
+
+// Result is a value and how it was served.
+type Result struct {
+	Value  []byte
+	Served Served
+}
+
+// GetResult is Get that also reports how the value was served. Callers
+// that joined a flight of this process get the flight's answer: a value
+// this process computed is ServedComputed for all of them.
+func (c *Client) GetResult(ctx context.Context, id string, fetch FetchFunc) (Result, error) {
+	if fetch == nil {
+		return Result{}, errNilFetch
+	}
+	f, val, err := c.get(ctx, id, fetch, nil)
+	if f == nil {
+		if err != nil {
+			return Result{}, err
+		}
+		return Result{Value: val, Served: ServedRedis}, nil
+	}
+	val, err = c.flights.await(ctx, f)
+	if err != nil {
+		return Result{}, err
+	}
+	return Result{Value: val, Served: f.served}, nil
+}
