@@ -83,9 +83,6 @@ func (c *Client) compute(f *flight, w *wait, lease *Lease, pttl time.Duration) (
 	<-stopped // a late renewal must not find the lock gone and report it lost
 
 	closing := c.closingNow()
-	if res.err == nil && res.ttl < 0 {
-		res.err = fmt.Errorf("%w: fetch returned negative TTL %v for id %s", ErrInvalid, res.ttl, quote(f.id))
-	}
 	switch {
 	case res.err != nil && closing:
 		// fetch most likely failed because Close cancelled it: let a
@@ -97,10 +94,36 @@ func (c *Client) compute(f *flight, w *wait, lease *Lease, pttl time.Duration) (
 		c.release(f, failEvent(f.token, res.err))
 		return nil, res.err
 	}
+	if res.ttl < 0 {
+		c.uncached(f, res.val, closing)
+		return res.val, nil
+	}
 	if err := c.store(f, res.val, res.ttl, closing); err != nil {
 		w.after = func() { c.storeFailed(f, err) }
 	}
 	return res.val, nil
+}
+
+// uncached hands a value that fetch asked not to cache (a negative TTL) to
+// the waiters elsewhere, and frees the lock. If that fails, the lock is
+// released with an abandon event, so that waiters look again (and compute
+// for themselves) at once.
+func (c *Client) uncached(f *flight, val []byte, closing bool) {
+	ctx := context.WithoutCancel(f.ctx)
+	if closing {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, closeWait)
+		defer cancel()
+	}
+	published, err := c.proto.publish(ctx, f.key, f.token, val)
+	switch {
+	case err != nil:
+		c.stats.storeErrors.Add(1)
+		c.outage.report(err)
+		c.release(f, abandonEvent(f.token))
+	case !published:
+		c.stats.leaseLost.Add(1)
+	}
 }
 
 // fetched returns fetch's result, or, once the fetch time limit passes,

@@ -27,7 +27,9 @@ import (
 )
 
 // FetchFunc computes a value on a miss. It returns the value, how long Redis
-// keeps it (0 keeps it forever), and an error.
+// keeps it (0 keeps it forever; a negative TTL hands the value to this
+// flight's callers and to the waiters elsewhere without storing it), and an
+// error.
 //
 // ctx carries the values of the first caller's context but not its deadline:
 // fetch serves every caller of the flight, and waiters in other processes

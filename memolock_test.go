@@ -693,12 +693,6 @@ func TestGet_RejectsBadInput(t *testing.T) {
 		{"nil fetch", func() error { _, err := c.Get(bg(), "k", nil); return err }, "fetch is nil"},
 		{"nil start", func() error { _, err := c.GetExternal(bg(), "k", nil); return err }, "start is nil"},
 		{"nil context", func() error { _, err := c.Get(nilCtx, "k", fetch); return err }, "context is nil"},
-		{"negative value TTL", func() error {
-			_, err := c.Get(bg(), "neg", func(context.Context, *Lease) ([]byte, time.Duration, error) {
-				return []byte("v"), -time.Second, nil
-			})
-			return err
-		}, "negative TTL"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -707,9 +701,6 @@ func TestGet_RejectsBadInput(t *testing.T) {
 				t.Fatalf("err = %v, want ErrInvalid naming %q", err, tc.want)
 			}
 		})
-	}
-	if b.mini.Exists("bad:neg") || b.mini.Exists("bad/lock:neg") {
-		t.Error("negative TTL left a value or lock behind")
 	}
 }
 

@@ -109,6 +109,21 @@ if left >= 0 and left < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], AR
 return 1
 `
 
+// publishSrc hands a value to waiters without storing it (a fetch that
+// returned a negative TTL): it deletes the lock and publishes the value,
+// but only while the lock still holds our token; otherwise it tells
+// waiters the lock is gone, as store does.
+// KEYS: lock. ARGV: token, value, value channel, events channel.
+// Reply: 1 published, 0 lease lost.
+const publishSrc = `if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  redis.call('PUBLISH', ARGV[4], 'abandon\n' .. ARGV[1] .. '\n')
+  return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[3], ARGV[2])
+return 1
+`
+
 // The control scripts: Delete, Set and Peek. Peers need none of them to
 // interoperate; they only use the keys and channels above.
 
@@ -159,6 +174,7 @@ var (
 	storeScript   = redis.NewScript(storeSrc)
 	releaseScript = redis.NewScript(releaseSrc)
 	renewScript   = redis.NewScript(renewSrc)
+	publishScript = redis.NewScript(publishSrc)
 	deleteScript  = redis.NewScript(deleteSrc)
 	setScript     = redis.NewScript(setSrc)
 	peekScript    = redis.NewScript(peekSrc)
@@ -250,6 +266,16 @@ func (p *protocol) store(ctx context.Context, id, token string, val []byte, ttl 
 		token, val, ttlMillis(ttl), p.keys.Notif(id), p.keys.Events(id), lockLinger.Milliseconds()).Int()
 	if err != nil {
 		return false, fmt.Errorf("%w: storing %s: %w", ErrRedis, quote(p.keys.Value(id)), err)
+	}
+	return n == 1, nil
+}
+
+// publish runs the publish script: val goes to waiters, not into Redis.
+// It reports whether the lease still held.
+func (p *protocol) publish(ctx context.Context, id, token string, val []byte) (bool, error) {
+	n, err := publishScript.Run(ctx, p.rdb, []string{p.keys.Lock(id)}, token, val, p.keys.Notif(id), p.keys.Events(id)).Int()
+	if err != nil {
+		return false, fmt.Errorf("%w: publishing %s: %w", ErrRedis, quote(p.keys.Notif(id)), err)
 	}
 	return n == 1, nil
 }

@@ -13,7 +13,7 @@ func TestProtocolDocQuotesEveryScriptVerbatim(t *testing.T) {
 	}
 	for name, src := range map[string]string{
 		"acquire": acquireSrc, "store": storeSrc, "release": releaseSrc, "renew": renewSrc,
-		"delete": deleteSrc, "set": setSrc, "peek": peekSrc,
+		"delete": deleteSrc, "set": setSrc, "peek": peekSrc, "publish": publishSrc,
 	} {
 		if !strings.Contains(string(doc), "### "+name+"\n") || !strings.Contains(string(doc), "```lua\n"+src+"```") {
 			t.Errorf("interop/PROTOCOL.md does not quote the %s script exactly", name)

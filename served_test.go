@@ -77,3 +77,42 @@ func TestGetResult_BadInput(t *testing.T) {
 		t.Errorf("ServedWaited = %q", s)
 	}
 }
+
+// A negative TTL returns the value to the flight's callers and to waiters
+// elsewhere, but stores nothing: the next Get computes again.
+func TestGet_NegativeTTLIsHandedOutButNotCached(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			c := newTestClient(t, b.addr, "nocache", &Options{LockTTL: 30 * time.Second})
+			other := newTestClient(t, b.addr, "nocache", &Options{LockTTL: 30 * time.Second})
+			raw := rawClient(t, b.addr)
+			l := countLookups(other.rdb, "nocache:k")
+			var calls atomic.Int64
+			started, release := make(chan struct{}, 1), make(chan struct{})
+			fetch := func(ctx context.Context, _ *Lease) ([]byte, time.Duration, error) {
+				calls.Add(1)
+				select {
+				case started <- struct{}{}:
+				default:
+				}
+				<-release
+				return []byte("fleeting"), -1, nil
+			}
+			ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+			defer cancel()
+			mine := getAsync(c, ctx, "k", fetch)
+			<-started
+			theirs := getAsync(other, ctx, "k", noFetch)
+			parkedAndLive(t, l, 2)
+			close(release)
+			within(t, 5*time.Second, mine, "fleeting", "the holder's caller")
+			within(t, 5*time.Second, theirs, "fleeting", "the waiter elsewhere (lock TTL 30s)")
+			if n := raw.Exists(bg(), "nocache:k", "nocache/lock:k").Val(); n != 0 {
+				t.Errorf("%d keys left: the value was cached or the lock kept", n)
+			}
+			if v, err := c.Get(ctx, "k", fetch); err != nil || string(v) != "fleeting" || calls.Load() != 2 {
+				t.Errorf("next Get = %q, %v after %d fetches; want a second fetch", v, err, calls.Load())
+			}
+		})
+	}
+}
