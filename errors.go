@@ -28,6 +28,10 @@ var (
 	// ErrRedis wraps errors talking to Redis.
 	ErrRedis = errors.New("memolock: redis")
 
+	// ErrBusy is returned by TryLock when somebody holds the lock, this
+	// process and this very Client included: the lock is not re-entrant.
+	ErrBusy = errors.New("memolock: lock is busy")
+
 	// ErrInvalid wraps every rejected argument or option.
 	ErrInvalid = errors.New("memolock: invalid argument")
 )

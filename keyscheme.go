@@ -14,9 +14,11 @@ import (
 //	<tag>/lock:<id>       the lock, holding the holder's token
 //	<tag>/notif:<id>      the channel on which the value is published
 //
-// memolock adds one channel that the original peers never read:
+// memolock adds one channel that the original peers never read, and the
+// keys of its standalone locks (Client.TryLock):
 //
-//	<tag>/lock-event:<id> holder failures, for memolock peers only
+//	<tag>/lock-event:<id>      holder failures, for memolock peers only
+//	<tag>/lock-mutex:<sha256>  the lock TryLock takes for a name
 //
 // Within one tag no id can make a value key equal a lock key. Across tags,
 // a tag containing "/lock" or "/notif" could, so NewKeyScheme rejects it. One
