@@ -19,7 +19,10 @@ import (
 // compute afresh. Delete reports whether a value was there.
 //
 // Original redis-memolock peers store without checking the lock, so a
-// computation of theirs still under way stores its value after a Delete.
+// computation of theirs still under way stores its value after a Delete,
+// and so does the producer of a GetExternal value (it stores with a plain
+// SET). In this process, a Get after Delete never joins a flight that
+// started before it.
 func (c *Client) Delete(ctx context.Context, id string) (bool, error) {
 	key, err := c.control(ctx, id)
 	if err != nil {
@@ -31,6 +34,7 @@ func (c *Client) Delete(ctx context.Context, id string) (bool, error) {
 		n, err = deleteScript.Run(ctx, c.rdb, []string{c.keys.Value(key), c.keys.Lock(key)}, c.keys.Events(key)).Int()
 		return err
 	})
+	c.forget(key) // whatever happened, as the write may have run
 	if err != nil {
 		return false, fmt.Errorf("%w: deleting %s: %w", ErrRedis, quote(c.keys.Value(key)), err)
 	}
@@ -57,6 +61,7 @@ func (c *Client) Set(ctx context.Context, id string, value []byte, ttl time.Dura
 		return setScript.Run(ctx, c.rdb, []string{c.keys.Value(key), c.keys.Lock(key)},
 			newToken(), value, ttlMillis(ttl), c.keys.Notif(key), lockLinger.Milliseconds()).Err()
 	})
+	c.forget(key)
 	if err != nil {
 		return fmt.Errorf("%w: setting %s: %w", ErrRedis, quote(c.keys.Value(key)), err)
 	}
@@ -120,7 +125,10 @@ const purgeBatch = 500
 // Purge removes every value and lock of the client's tag, with SCAN and
 // UNLINK in batches (never KEYS, which blocks the server), on every master
 // of a cluster. It reports how many keys it removed. Computations under
-// way lose their leases, as with Delete.
+// way lose their leases, as with Delete, but their waiters elsewhere are
+// not told: they look again when the holder's next renewal or store finds
+// its lock gone (within LockTTL/3), or when the lock would have expired.
+// Close stops a Purge under way.
 //
 // Keys of a tag nested in this one go too: tag "app" purges the values of
 // tag "app:x", whose keys all start "app:".
@@ -143,6 +151,10 @@ func (c *Client) Purge(ctx context.Context) (int64, error) {
 		}
 		return purge(ctx, c.rdb)
 	})
+	c.flights.detach("")
+	if c.l1 != nil {
+		c.l1.flush()
+	}
 	if err != nil {
 		return n.Load(), fmt.Errorf("%w: purging tag %s: %w", ErrRedis, quote(c.keys.Tag()), err)
 	}
@@ -159,8 +171,20 @@ func purgeNode(ctx context.Context, node redis.Cmdable, pattern string, n *atomi
 			return err
 		}
 		if len(keys) > 0 {
-			m, err := node.Unlink(ctx, keys...).Result()
-			n.Add(m)
+			// One UNLINK per key, in one pipeline: on a cluster the keys of
+			// one node span slots, and a multi-key UNLINK across slots is
+			// refused (CROSSSLOT).
+			cmds, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for _, k := range keys {
+					p.Unlink(ctx, k)
+				}
+				return nil
+			})
+			for _, cmd := range cmds {
+				if m, ok := cmd.(*redis.IntCmd); ok {
+					n.Add(m.Val())
+				}
+			}
 			if err != nil {
 				return err
 			}
@@ -187,6 +211,15 @@ func globEscape(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// forget drops key from the L1 at once, for this process's own writes:
+// the invalidation Redis sends may come a moment later.
+func (c *Client) forget(key string) {
+	c.flights.detach(key)
+	if c.l1 != nil {
+		c.l1.invalidate([]string{c.keys.Value(key)})
+	}
 }
 
 // control checks a control call's arguments and returns the id as sent to
@@ -216,16 +249,25 @@ func (c *Client) control(ctx context.Context, id string) (string, error) {
 // call left behind ends with go-redis's own timeouts; Close waits for it
 // (boundedly).
 func (c *Client) bounded(ctx context.Context, fn func(context.Context) error) error {
+	// Close cancels the call too, so that a long Purge stops.
+	fctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(c.calls, cancel)
 	if ctx.Done() == nil {
-		return fn(ctx)
+		defer stop()
+		defer cancel()
+		return fn(fctx)
 	}
 	done := make(chan error, 1)
 	if !c.flights.track(&c.wg) {
+		stop()
+		cancel()
 		return ErrClosed
 	}
 	go func() {
 		defer c.wg.Done()
-		done <- fn(ctx)
+		defer stop()
+		defer cancel()
+		done <- fn(fctx)
 	}()
 	select {
 	case err := <-done:

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/memolock/memolock/internal/redistest"
 )
 
@@ -215,5 +217,66 @@ func TestControl_BadInput(t *testing.T) {
 	}
 	if _, err := c.Purge(bg()); !errors.Is(err, ErrClosed) {
 		t.Errorf("Purge after Close = %v", err)
+	}
+}
+
+// Purge works on a cluster, where the keys SCAN returns span slots.
+func TestPurge_Cluster(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	var addrs []string
+	for _, n := range nodes {
+		addrs = append(addrs, n.Addr)
+	}
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { _ = rdb.Close() })
+	c, err := New(rdb, "cl", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	for i := range 100 {
+		if err := c.Set(bg(), fmt.Sprintf("{id%d}", i), []byte("v"), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rdb.Set(bg(), "other:{x}", "keep", 0)
+	n, err := c.Purge(bg())
+	// Set leaves each lock done for a second: some may have expired.
+	if err != nil || n < 100 || n > 200 {
+		t.Fatalf("Purge = %d, %v; want the 100 values and their done locks", n, err)
+	}
+	if v := rdb.Get(bg(), "other:{x}").Val(); v != "keep" {
+		t.Error("Purge removed another tag's key")
+	}
+}
+
+// Delete and Set: a Get in this process afterwards never joins a flight
+// that started before them.
+func TestDeleteAndSet_DetachFlightsInThisProcess(t *testing.T) {
+	for _, op := range []string{"Delete", "Set"} {
+		t.Run(op, func(t *testing.T) {
+			b := miniBackend(t)
+			c := newTestClient(t, b.addr, "detach", &Options{LockTTL: 30 * time.Second})
+			started, release := make(chan struct{}, 1), make(chan struct{})
+			old := getAsync(c, bg(), "k", blockingFetch(started, release, "old"))
+			<-started
+			var err error
+			if op == "Delete" {
+				_, err = c.Delete(bg(), "k")
+			} else {
+				err = c.Set(bg(), "k", []byte("new"), time.Minute)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(bg(), 5*time.Second)
+			defer cancel()
+			v, err := c.Get(ctx, "k", constFetch(new(atomic.Int64), "new", 0))
+			if err != nil || string(v) != "new" {
+				t.Errorf("Get after %s = %q, %v; want new", op, v, err)
+			}
+			close(release)
+			within(t, 5*time.Second, old, "old", "the earlier caller")
+		})
 	}
 }

@@ -23,6 +23,7 @@ type flight struct {
 	val    []byte
 	err    error
 	served Served // how val came, set by finish
+	l1     l1Snap // the L1's invalidations before the first lookup
 
 	// Guarded by group.mu.
 	refs  int
@@ -55,7 +56,8 @@ type group struct {
 	mu        sync.Mutex
 	closed    bool
 	flights   map[string]*flight
-	gets      int64 // counted under mu, which every call takes anyway
+	detached  map[*flight]struct{} // running, but no longer joined: see detach
+	gets      int64                // counted under mu, which every call takes anyway
 	coalesced int64
 }
 
@@ -120,9 +122,7 @@ func (g *group) leave(f *flight) {
 	f.refs--
 	if f.refs == 0 && f.state == looking {
 		f.state = abandoned
-		if g.flights[f.key] == f {
-			delete(g.flights, f.key)
-		}
+		g.drop(f)
 		if f.stop != nil {
 			f.stop()
 		}
@@ -152,9 +152,7 @@ func (g *group) retire(f *flight) bool {
 		return false
 	}
 	f.state = abandoned
-	if g.flights[f.key] == f {
-		delete(g.flights, f.key)
-	}
+	g.drop(f)
 	return true
 }
 
@@ -168,9 +166,7 @@ func (g *group) finish(f *flight, val []byte, err error, served Served) bool {
 		return false
 	}
 	f.state = finished
-	if g.flights[f.key] == f {
-		delete(g.flights, f.key)
-	}
+	g.drop(f)
 	g.mu.Unlock()
 	f.val, f.err, f.served = val, err, served
 	close(f.done)
@@ -186,8 +182,11 @@ func (g *group) close() ([]*flight, bool) {
 		return nil, false
 	}
 	g.closed = true
-	flights := make([]*flight, 0, len(g.flights))
+	flights := make([]*flight, 0, len(g.flights)+len(g.detached))
 	for _, f := range g.flights {
+		flights = append(flights, f)
+	}
+	for f := range g.detached {
 		flights = append(flights, f)
 	}
 	return flights, true
@@ -203,6 +202,34 @@ func (g *group) track(wg *sync.WaitGroup) bool {
 	}
 	wg.Add(1)
 	return true
+}
+
+// drop forgets f, which is ending. Called under mu.
+func (g *group) drop(f *flight) {
+	if g.flights[f.key] == f {
+		delete(g.flights, f.key)
+	}
+	delete(g.detached, f)
+}
+
+// detach makes the flight for key, if any, one that new callers no longer
+// join: it goes on for the callers it has, and the next caller starts a
+// new flight. Delete and Set detach the flights of what they change, so
+// that this process never hands out a value computed before them. An
+// empty key detaches every flight (Purge).
+func (g *group) detach(key string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for k, f := range g.flights {
+		if key != "" && k != key {
+			continue
+		}
+		delete(g.flights, k)
+		if g.detached == nil {
+			g.detached = make(map[*flight]struct{})
+		}
+		g.detached[f] = struct{}{}
+	}
 }
 
 // isClosed reports whether close has been called.

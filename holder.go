@@ -152,7 +152,7 @@ func (c *Client) fetched(f *flight, results <-chan fetchResult, cancel context.C
 type fetchTimeoutKey struct{}
 
 // WithFetchTimeout returns a context that makes Get bound fetch by d,
-// overriding Options.FetchTimeout (0: no limit). It applies to the flight
+// overriding Options.FetchTimeout (0 or less: no limit). It applies to the flight
 // that the call starts; a call that joins a flight already running in
 // this process shares that flight's limit.
 func WithFetchTimeout(ctx context.Context, d time.Duration) context.Context {

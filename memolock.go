@@ -28,8 +28,9 @@ import (
 
 // FetchFunc computes a value on a miss. It returns the value, how long Redis
 // keeps it (0 keeps it forever; a negative TTL hands the value to this
-// flight's callers and to the waiters elsewhere without storing it), and an
-// error.
+// flight's callers, and publishes it to the waiters elsewhere whose
+// subscriptions are live, without storing it: a waiter that subscribes
+// too late computes it again), and an error.
 //
 // ctx carries the values of the first caller's context but not its deadline:
 // fetch serves every caller of the flight, and waiters in other processes
@@ -78,6 +79,19 @@ type Options struct {
 	// waits for it. WithFetchTimeout overrides it per call. Default: none.
 	FetchTimeout time.Duration
 
+	// L1Size, if positive, puts an in-process cache of at most that many
+	// values in front of Redis, kept coherent by Redis's client-side
+	// caching: CLIENT TRACKING in broadcasting mode for the tag's keys, on
+	// the connection that reads the client's pub/sub. Any write to a
+	// value's key, by anyone, drops it from every L1 within milliseconds,
+	// and the whole L1 is dropped while that connection is down. Values
+	// enter the L1 from Redis, with the time Redis has left on them. It
+	// needs a *redis.Client (a failover client is one) on a server with
+	// CLIENT TRACKING (Redis 6 or later); on a server without it the L1
+	// stays empty. The client then keeps its pub/sub connection open from
+	// New on.
+	L1Size int
+
 	// OnWait, if set, is called when a flight starts waiting for a lock held
 	// by somebody else, with the caller's id and the holder's token. It runs
 	// on the flight's goroutine: keep it quick. A panic in it is recovered
@@ -108,7 +122,12 @@ type Client struct {
 	failOpen     bool
 	hashIDs      bool
 	onWait       func(id, holder string)
-	fetchTimeout time.Duration // Options.FetchTimeout
+	fetchTimeout time.Duration   // Options.FetchTimeout
+	l1           *l1             // nil without Options.L1Size
+	tracker      *redis.Client   // the subscriber's own client, with an L1
+	tracking     chan struct{}   // closed when track returns, with an L1
+	calls        context.Context // cancelled by Close: Purge and other bounded calls
+	stopCalls    context.CancelFunc
 
 	flights group
 	sub     *subscriber
@@ -155,7 +174,27 @@ func New(rdb redis.UniversalClient, tag string, opts *Options) (*Client, error) 
 		fetchTimeout: opts.FetchTimeout,
 		closed:       make(chan struct{}),
 	}
-	c.sub = newSubscriber(rdb, &c.stats)
+	if opts.L1Size < 0 {
+		return nil, fmt.Errorf("%w: L1Size %d is negative; use 0 for no L1", ErrInvalid, opts.L1Size)
+	}
+	if opts.L1Size > 0 {
+		c.l1 = newL1(tag, opts.L1Size)
+		if c.tracker, err = c.l1.trackingClient(rdb); err != nil {
+			c.l1.cache.StopAllGoroutines()
+			return nil, err
+		}
+		c.sub = newSubscriber(c.tracker, &c.stats)
+		c.sub.onBreak = c.l1.down
+		c.tracking = make(chan struct{})
+		w := c.sub.watch(nil, invalidationChannel)
+		go func() {
+			defer close(c.tracking)
+			c.track(w)
+		}()
+	} else {
+		c.sub = newSubscriber(rdb, &c.stats)
+	}
+	c.calls, c.stopCalls = context.WithCancel(context.Background())
 	c.batch = newBatcher(rdb, &c.stats, &c.wg)
 	c.outage = newOutage(rdb, &c.stats)
 	c.proto = protocol{rdb: rdb, keys: keys, batch: c.batch}
@@ -222,7 +261,7 @@ func (c *Client) Get(ctx context.Context, id string, fetch FetchFunc) ([]byte, e
 	if fetch == nil {
 		return nil, errNilFetch
 	}
-	f, val, err := c.get(ctx, id, fetch, nil)
+	f, val, _, err := c.get(ctx, id, fetch, nil)
 	if f != nil {
 		return c.flights.await(ctx, f)
 	}
@@ -240,7 +279,7 @@ func (c *Client) GetExternal(ctx context.Context, id string, start StartFunc) ([
 	if start == nil {
 		return nil, fmt.Errorf("%w: start is nil", ErrInvalid)
 	}
-	f, val, err := c.get(ctx, id, nil, start)
+	f, val, _, err := c.get(ctx, id, nil, start)
 	if f != nil {
 		return c.flights.await(ctx, f)
 	}
@@ -250,35 +289,44 @@ func (c *Client) GetExternal(ctx context.Context, id string, start StartFunc) ([
 // get starts or joins the flight for id. It returns the value or an error,
 // or a flight to await (the caller awaits it itself, so that a woken
 // caller returns through fewer frames).
-func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start StartFunc) (*flight, []byte, error) {
+func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start StartFunc) (*flight, []byte, Served, error) {
 	if err := c.usable(); err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	if ctx == nil {
-		return nil, nil, fmt.Errorf("%w: context is nil", ErrInvalid)
+		return nil, nil, 0, fmt.Errorf("%w: context is nil", ErrInvalid)
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", ErrTimeout, err)
+		return nil, nil, 0, fmt.Errorf("%w: %w", ErrTimeout, err)
 	}
 	key := id
 	if c.hashIDs {
 		key = HashID(id)
 	}
+	if c.l1 != nil {
+		if v, ok := c.l1.get(key); ok {
+			c.stats.l1Hits.Add(1)
+			return nil, v, ServedL1, nil
+		}
+	}
 	f, leader, err := c.flights.join(key, func() *flight {
 		return &flight{id: id, key: key, token: newToken(), fetch: fetch, start: start, done: make(chan struct{})}
 	}, &c.wg)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	if !leader {
-		return f, nil, nil
+		return f, nil, 0, nil
+	}
+	if c.l1 != nil {
+		f.l1 = c.l1.snap(key) // before anything is read
 	}
 	if ctx.Done() != nil {
 		// A caller that may leave must not wait on Redis itself: go-redis
 		// ignores context deadlines by default.
 		c.flights.launch(f, ctx)
 		go c.resolve(f, nil)
-		return f, nil, nil
+		return f, nil, 0, nil
 	}
 	// This caller cannot leave, so the first lookup runs on its goroutine
 	// and a hit costs no goroutine.
@@ -286,12 +334,19 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 	if a.err == nil && a.r.kind == replyHit {
 		c.stats.hits.Add(1)
 		c.flights.finish(f, a.r.value, nil, ServedRedis)
-		c.wg.Done()
-		return nil, a.r.value, nil
+		if c.l1 != nil && f.l1.ok {
+			go func() {
+				defer c.wg.Done() // the flight's, kept for this
+				c.promoteFromRedis(key, a.r.value, f.l1)
+			}()
+		} else {
+			c.wg.Done()
+		}
+		return nil, a.r.value, ServedRedis, nil
 	}
 	c.flights.launch(f, ctx)
 	go c.resolve(f, &a)
-	return f, nil, nil
+	return f, nil, 0, nil
 }
 
 // attempt is the outcome of one lookup.
@@ -325,6 +380,9 @@ func (c *Client) resolve(f *flight, first *attempt) {
 	// Callers first; the rest can wait.
 	c.flights.finish(f, val, err, w.served)
 	w.end()
+	if c.l1 != nil && err == nil && (w.served == ServedRedis || w.served == ServedWaited) {
+		c.promoteFromRedis(f.key, val, f.l1)
+	}
 }
 
 // pursue looks the value up until it has it, computes it, or fails.
@@ -433,6 +491,7 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.flights.cancel(flights) // after close: a fetch that returns finds the client closing
+	c.stopCalls()
 	for _, f := range flights {
 		c.flights.finish(f, nil, ErrClosed, 0)
 	}
@@ -452,6 +511,11 @@ func (c *Client) shutdown() {
 	// way may take one, which its flight then releases.
 	waitTimeout(&c.wg, time.Until(deadline))
 	c.sub.close(time.Until(deadline))
+	if c.l1 != nil {
+		<-c.tracking // the subscriber's close ended its watch
+		_ = c.tracker.Close()
+		c.l1.cache.StopAllGoroutines()
+	}
 	c.outage.close(time.Until(deadline))
 	close(c.closed)
 }

@@ -8,6 +8,8 @@ type Served uint8
 const (
 	// ServedRedis: the value was in Redis.
 	ServedRedis Served = iota + 1
+	// ServedL1: the value was in this process's L1 (Options.L1Size).
+	ServedL1
 	// ServedComputed: this process ran fetch (or, with GetExternal, started
 	// the work) for it.
 	ServedComputed
@@ -20,6 +22,8 @@ func (s Served) String() string {
 	switch s {
 	case ServedRedis:
 		return "redis"
+	case ServedL1:
+		return "l1"
 	case ServedComputed:
 		return "computed"
 	case ServedWaited:
@@ -41,12 +45,12 @@ func (c *Client) GetResult(ctx context.Context, id string, fetch FetchFunc) (Res
 	if fetch == nil {
 		return Result{}, errNilFetch
 	}
-	f, val, err := c.get(ctx, id, fetch, nil)
+	f, val, served, err := c.get(ctx, id, fetch, nil)
 	if f == nil {
 		if err != nil {
 			return Result{}, err
 		}
-		return Result{Value: val, Served: ServedRedis}, nil
+		return Result{Value: val, Served: served}, nil
 	}
 	val, err = c.flights.await(ctx, f)
 	if err != nil {

@@ -5,6 +5,7 @@ import "sync/atomic"
 // counters are a Client's live statistics: cheap atomics, safe to read at any time.
 type counters struct {
 	hits          atomic.Int64
+	l1Hits        atomic.Int64
 	fetches       atomic.Int64
 	fetchErrors   atomic.Int64
 	fetchTimeouts atomic.Int64
@@ -29,6 +30,7 @@ type counters struct {
 type Stats struct {
 	Gets          int64 // calls to Get and its variants
 	Hits          int64 // flights answered by a value already in Redis
+	L1Hits        int64 // calls answered by the L1 (Options.L1Size)
 	Coalesced     int64 // callers that joined a flight already running in this process
 	Fetches       int64 // fetch functions run by this process
 	FetchErrors   int64 // fetches that returned an error or panicked
@@ -52,6 +54,7 @@ type Stats struct {
 func (s *counters) snapshot() Stats {
 	return Stats{
 		Hits:          s.hits.Load(),
+		L1Hits:        s.l1Hits.Load(),
 		Fetches:       s.fetches.Load(),
 		FetchErrors:   s.fetchErrors.Load(),
 		FetchTimeouts: s.fetchTimeouts.Load(),

@@ -40,9 +40,10 @@ import (
 // silence run sends a probe PING, and if nothing arrives for health again,
 // read gives the connection up.
 type subscriber struct {
-	rdb    redis.UniversalClient
-	stats  *counters
-	health time.Duration
+	rdb     redis.UniversalClient
+	onBreak func() // if set, called when a connection is found broken (the L1)
+	stats   *counters
+	health  time.Duration
 
 	ctx    context.Context // bounds run's calls; cancelled by close
 	cancel context.CancelFunc
@@ -445,10 +446,14 @@ func (s *subscriber) pause(backoff *time.Duration) bool {
 // fail marks connection gen as broken, if it is still the current one.
 func (s *subscriber) fail(gen uint64) {
 	s.mu.Lock()
+	first := gen == s.gen && !s.broken
 	if gen == s.gen {
 		s.broken = true
 	}
 	s.mu.Unlock()
+	if first && s.onBreak != nil {
+		s.onBreak()
+	}
 	s.wake()
 }
 

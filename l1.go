@@ -1,0 +1,200 @@
+package memolock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/maypok86/otter/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// The L1 is an in-process cache in front of Redis, kept coherent by Redis
+// itself: server-assisted client-side caching (CLIENT TRACKING) in
+// broadcasting mode, for every key that starts with "<tag>:", redirected
+// to the connection that already reads the client's pub/sub. Any write to
+// such a key, by anyone (another process, a Python or C# peer, an original
+// peer, redis-cli), sends an invalidation there, and the entry goes.
+//
+// Entries come only from Redis, never from a computation here: a value
+// read from Redis is promoted with the time Redis has left on it (one PTTL
+// after the callers have it), and only if no invalidation of that key, and
+// no flush, happened since before the read. While the tracking connection
+// is down, invalidations may be lost: the L1 is flushed when it goes down
+// and stays empty until tracking is live again.
+type l1 struct {
+	cache   *otter.Cache[string, l1Entry]
+	prefix  string        // "<tag>:": keys of the tag, as invalidations name them
+	flushes atomic.Uint64 // bumped by every flush
+	stripes [64]atomic.Uint64
+	seed    maphash.Seed
+	live    atomic.Bool // tracking is on for the current pub/sub connection
+	refused atomic.Bool // the server refused CLIENT TRACKING: the L1 stays empty
+}
+
+type l1Entry struct {
+	val []byte
+	ttl time.Duration
+}
+
+// l1Forever stands for "no expiry" in the L1: an entry without a TTL in
+// Redis lives until it is invalidated or evicted.
+const l1Forever = 100 * 365 * 24 * time.Hour
+
+func newL1(tag string, size int) *l1 {
+	return &l1{
+		cache: otter.Must(&otter.Options[string, l1Entry]{
+			MaximumSize: size,
+			ExpiryCalculator: otter.ExpiryWritingFunc(func(e otter.Entry[string, l1Entry]) time.Duration {
+				return e.Value.ttl
+			}),
+		}),
+		prefix: tag + ":",
+		seed:   maphash.MakeSeed(),
+	}
+}
+
+// get returns the L1's value for key (as sent to Redis).
+func (l *l1) get(key string) ([]byte, bool) {
+	e, ok := l.cache.GetIfPresent(key)
+	return e.val, ok
+}
+
+// l1Snap is the state of the L1's invalidations for one key before a read
+// from Redis.
+type l1Snap struct {
+	ok            bool // tracking was live
+	flush, stripe uint64
+}
+
+func (l *l1) stripe(key string) *atomic.Uint64 {
+	return &l.stripes[maphash.String(l.seed, key)%uint64(len(l.stripes))]
+}
+
+func (l *l1) snap(key string) l1Snap {
+	return l1Snap{ok: l.live.Load() && !l.refused.Load(), flush: l.flushes.Load(), stripe: l.stripe(key).Load()}
+}
+
+// unchanged reports whether no invalidation of key, and no flush, happened
+// since s, and tracking is live.
+func (l *l1) unchanged(key string, s l1Snap) bool {
+	return s.ok && l.live.Load() && l.flushes.Load() == s.flush && l.stripe(key).Load() == s.stripe
+}
+
+// promote puts val in the L1 for ttl if nothing invalidated key since s.
+// An invalidation that lands during the Set is seen by the second check.
+func (l *l1) promote(key string, val []byte, ttl time.Duration, s l1Snap) {
+	if ttl == 0 || !l.unchanged(key, s) {
+		return
+	}
+	if ttl < 0 {
+		ttl = l1Forever
+	}
+	l.cache.Set(key, l1Entry{val: val, ttl: ttl})
+	if !l.unchanged(key, s) {
+		l.cache.Invalidate(key)
+	}
+}
+
+// invalidate drops the entries of the Redis keys named.
+func (l *l1) invalidate(keys []string) {
+	for _, k := range keys {
+		id, ok := strings.CutPrefix(k, l.prefix)
+		if !ok {
+			continue
+		}
+		l.stripe(id).Add(1)
+		l.cache.Invalidate(id)
+	}
+}
+
+// flush drops every entry.
+func (l *l1) flush() {
+	l.flushes.Add(1)
+	l.cache.InvalidateAll()
+}
+
+// down is called when the tracking connection fails: invalidations may be
+// lost from now until it is live again.
+func (l *l1) down() {
+	l.live.Store(false)
+	l.flush()
+}
+
+// invalidationChannel is where Redis sends the invalidations of a tracking
+// connection in RESP2, redirected to a connection that subscribes to it.
+const invalidationChannel = "__redis__:invalidate"
+
+// trackingClient returns a client for the subscriber alone: RESP2, so that
+// invalidations arrive as pub/sub messages, and every connection it makes
+// turns tracking on for the tag's keys, redirected to itself, before it
+// subscribes. A server that refuses CLIENT TRACKING (miniredis) leaves the
+// L1 empty rather than the waits without pub/sub.
+func (l *l1) trackingClient(rdb redis.UniversalClient) (*redis.Client, error) {
+	base, ok := rdb.(*redis.Client)
+	if !ok {
+		return nil, fmt.Errorf("%w: Options.L1Size needs a *redis.Client (or a failover client): client-side caching is per connection", ErrInvalid)
+	}
+	o := *base.Options()
+	o.Protocol = 2
+	o.PoolSize = 1
+	o.MinIdleConns, o.MaxIdleConns = 0, 0
+	userConnect := o.OnConnect
+	o.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
+		if userConnect != nil {
+			if err := userConnect(ctx, cn); err != nil {
+				return err
+			}
+		}
+		id, err := cn.ClientID(ctx).Result()
+		if err == nil {
+			err = cn.Do(ctx, "CLIENT", "TRACKING", "on", "REDIRECT", id, "BCAST", "PREFIX", l.prefix).Err()
+		}
+		var reply redis.Error
+		if errors.As(err, &reply) {
+			l.refused.Store(true)
+			l.flush()
+			return nil
+		}
+		return err
+	}
+	return redis.NewClient(&o), nil
+}
+
+// track follows the invalidation channel until the subscriber closes.
+func (c *Client) track(w *watch) {
+	for range w.signal {
+		ev := c.sub.take(w)
+		if ev.closed {
+			return
+		}
+		if ev.reread {
+			// Subscribed on a connection whose tracking went on before it:
+			// from now on every write is seen. Anything older was flushed
+			// when the last connection went down (or there was none).
+			c.l1.live.Store(true)
+		}
+		for _, m := range ev.messages {
+			c.l1.invalidate(m.PayloadSlice)
+		}
+	}
+}
+
+// promoteFromRedis promotes val, read from Redis for key since s, with the
+// time Redis has left on it.
+func (c *Client) promoteFromRedis(key string, val []byte, s l1Snap) {
+	if !s.ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), closeWait)
+	defer cancel()
+	ttl, err := c.rdb.PTTL(ctx, c.keys.Value(key)).Result()
+	if err != nil || ttl == -2*time.Nanosecond || ttl == 0 {
+		return
+	}
+	c.l1.promote(key, val, ttl, s)
+}
