@@ -140,16 +140,46 @@ func (c *Client) readHits(ctx context.Context, items []Item) (missing []int) {
 		}
 		return missing
 	}
-	if c.outage.err() != nil {
-		return all()
-	}
-	keys := make([]string, len(items))
+	// The L1 first, if there is one; Redis for the rest.
+	ids := make([]string, 0, len(items)) // as sent to Redis
+	index := make([]int, 0, len(items))  // their places in items
+	var l1Hits int64
 	for i, it := range items {
 		key := it.ID
 		if c.hashIDs {
 			key = HashID(key)
 		}
-		keys[i] = c.keys.Value(key)
+		if c.l1 != nil {
+			if v, ok := c.l1.get(key); ok {
+				items[i].Value, items[i].Served = v, ServedL1
+				l1Hits++
+				continue
+			}
+		}
+		ids = append(ids, key)
+		index = append(index, i)
+	}
+	c.stats.l1Hits.Add(l1Hits)
+	c.flights.countHits(l1Hits)
+	if len(ids) == 0 {
+		return nil
+	}
+	all = func() []int {
+		return append([]int(nil), index...)
+	}
+	if c.outage.err() != nil {
+		return all()
+	}
+	var snaps []l1Snap
+	if c.l1 != nil {
+		snaps = make([]l1Snap, len(ids))
+		for j, key := range ids {
+			snaps[j] = c.l1.snap(key) // before the read
+		}
+	}
+	keys := make([]string, len(ids))
+	for j, key := range ids {
+		keys[j] = c.keys.Value(key)
 	}
 	var vals []any
 	err := c.bounded(ctx, func(ctx context.Context) error {
@@ -159,7 +189,7 @@ func (c *Client) readHits(ctx context.Context, items []Item) (missing []int) {
 	})
 	switch {
 	case errors.Is(err, ErrTimeout) || errors.Is(err, ErrClosed):
-		for i := range items {
+		for _, i := range index {
 			items[i].Err = err
 		}
 		return nil
@@ -168,11 +198,16 @@ func (c *Client) readHits(ctx context.Context, items []Item) (missing []int) {
 		return all()
 	}
 	var hits int64
-	for i, v := range vals {
+	var promote []int // places in ids
+	for j, v := range vals {
+		i := index[j]
 		switch v := v.(type) {
 		case string:
 			items[i].Value, items[i].Served = []byte(v), ServedRedis
 			hits++
+			if c.l1 != nil && snaps[j].ok {
+				promote = append(promote, j)
+			}
 		case error:
 			c.outage.report(v)
 			missing = append(missing, i)
@@ -182,7 +217,41 @@ func (c *Client) readHits(ctx context.Context, items []Item) (missing []int) {
 	}
 	c.stats.hits.Add(hits)
 	c.flights.countHits(hits)
+	if len(promote) > 0 && c.flights.track(&c.wg) {
+		values := make([][]byte, len(promote))
+		for n, j := range promote {
+			values[n] = items[index[j]].Value
+		}
+		go func() {
+			defer c.wg.Done()
+			c.promoteMany(ids, keys, values, promote, snaps)
+		}()
+	}
 	return missing
+}
+
+// promoteMany puts the values that readHits found in Redis into the L1,
+// with the time Redis has left on each (one pipeline of PTTLs), if nothing
+// invalidated them since before the read.
+func (c *Client) promoteMany(ids, keys []string, values [][]byte, promote []int, snaps []l1Snap) {
+	ctx, cancel := context.WithTimeout(context.Background(), closeWait)
+	defer cancel()
+	cmds, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, j := range promote {
+			p.PTTL(ctx, keys[j])
+		}
+		return nil
+	})
+	if err != nil {
+		return
+	}
+	for n, j := range promote {
+		ttl, err := cmds[n].(*redis.DurationCmd).Result()
+		if err != nil || ttl == -2*time.Nanosecond || ttl == 0 {
+			continue
+		}
+		c.l1.promote(ids[j], values[n], ttl, snaps[j])
+	}
 }
 
 // readValues reads keys in one round trip: MGET on one server, a pipeline

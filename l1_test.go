@@ -248,3 +248,49 @@ func BenchmarkL1Hit(b *testing.B) {
 		}
 	})
 }
+
+// GetMany reads the L1 first, and promotes what it finds in Redis.
+func TestL1_GetManyReadsAndFillsTheL1(t *testing.T) {
+	b := realBackend(t)
+	c := l1Client(t, b.addr, "many")
+	raw := rawClient(t, b.addr)
+	for _, id := range []string{"a", "b", "c"} {
+		raw.Set(bg(), "many:"+id, "v-"+id, time.Minute)
+	}
+	fetch := func(_ context.Context, id string, _ *Lease) ([]byte, time.Duration, error) {
+		return []byte("computed-" + id), time.Minute, nil
+	}
+	eventually(t, 5*time.Second, "GetMany to fill the L1", func() bool {
+		items, err := c.GetMany(bg(), []string{"a", "b", "c"}, fetch, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range items {
+			if it.Err != nil || string(it.Value) != "v-"+it.ID {
+				t.Fatalf("item %+v", it)
+			}
+			if it.Served != ServedL1 {
+				return false
+			}
+		}
+		return true
+	})
+	before := c.commands.n.Load()
+	items, err := c.GetMany(bg(), []string{"c", "a", "b", "a"}, fetch, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, it := range items {
+		if it.Served != ServedL1 || string(it.Value) != "v-"+it.ID {
+			t.Errorf("item %+v", it)
+		}
+	}
+	if n := c.commands.n.Load() - before; n != 0 {
+		t.Errorf("a GetMany answered by the L1 sent %d commands", n)
+	}
+	raw.Set(bg(), "many:b", "changed", time.Minute)
+	eventually(t, 5*time.Second, "the write to reach GetMany", func() bool {
+		items, _ := c.GetMany(bg(), []string{"a", "b"}, fetch, nil)
+		return string(items[1].Value) == "changed"
+	})
+}
