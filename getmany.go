@@ -133,13 +133,6 @@ func (c *Client) GetMany(ctx context.Context, ids []string, fetch FetchIDFunc, o
 // the path of Get, which reports errors as Get does (at once, during an
 // outage, or computing under FailOpen).
 func (c *Client) readHits(ctx context.Context, items []Item) (missing []int) {
-	all := func() []int {
-		missing = make([]int, len(items))
-		for i := range missing {
-			missing[i] = i
-		}
-		return missing
-	}
 	// The L1 first, if there is one; Redis for the rest.
 	ids := make([]string, 0, len(items)) // as sent to Redis
 	index := make([]int, 0, len(items))  // their places in items
@@ -164,9 +157,7 @@ func (c *Client) readHits(ctx context.Context, items []Item) (missing []int) {
 	if len(ids) == 0 {
 		return nil
 	}
-	all = func() []int {
-		return append([]int(nil), index...)
-	}
+	all := func() []int { return append([]int(nil), index...) }
 	if c.outage.err() != nil {
 		return all()
 	}
