@@ -317,9 +317,14 @@ func (c *Client) fetchMisses(ctx context.Context, items []Item, missing []int, f
 func (c *Client) batchMisses(ctx context.Context, items []Item, missing []int, batch BatchFetchFunc) {
 	col := &collector{batch: batch}
 	flights := make([]*flight, len(missing))
+	// Counted as pending while members start, so that a member that wins
+	// and reaches fetch at once does not run a batch of its own before the
+	// others have even looked.
+	col.add()
 	for n, i := range missing {
 		flights[n], items[i].Err = c.startMember(ctx, items[i].ID, col)
 	}
+	col.started()
 	for n, i := range missing {
 		f := flights[n]
 		if f == nil {
@@ -411,6 +416,14 @@ func (col *collector) add() {
 	col.mu.Lock()
 	defer col.mu.Unlock()
 	col.pending++
+}
+
+// started ends the count that add made while members were starting.
+func (col *collector) started() {
+	col.mu.Lock()
+	defer col.mu.Unlock()
+	col.pending--
+	col.startLocked()
 }
 
 // looked records the outcome of a member's first lookup.

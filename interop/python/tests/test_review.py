@@ -102,7 +102,7 @@ def blackhole():
 
     t = threading.Thread(target=accept, daemon=True)
     t.start()
-    yield f"redis://127.0.0.1:{s.getsockname()[1]}"
+    yield f"redis://127.0.0.1:{s.getsockname()[1]}", conns
     stop.set()
     s.close()
     for c in conns:
@@ -111,8 +111,14 @@ def blackhole():
 
 def test_cli_stalled_redis_signal_and_timeout(blackhole, tag):
     # A signal ends a run stuck on an unanswered Redis call at once.
-    p = _run(blackhole, tag, "s", "echo", "x")
-    time.sleep(0.5)
+    url, conns = blackhole
+    p = _run(url, tag, "s", "echo", "x")
+    # Once it has connected, its signal handlers are in place (they go in
+    # before any Redis call); a slow start must not make it die of SIGTERM.
+    deadline = time.monotonic() + WAIT
+    while not conns and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert conns, "the run never connected"
     t0 = time.monotonic()
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=WAIT)
@@ -120,7 +126,7 @@ def test_cli_stalled_redis_signal_and_timeout(blackhole, tag):
     assert time.monotonic() - t0 < 5, err
     # Without a signal it fails like Go's (read timeout), it does not hang.
     t0 = time.monotonic()
-    p = _run(blackhole, tag, "s", "echo", "x")
+    p = _run(url, tag, "s", "echo", "x")
     _, err = p.communicate(timeout=WAIT)
     assert p.returncode == 1 and b"redis" in err, err
     assert time.monotonic() - t0 < 12, err
