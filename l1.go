@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"net"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -27,13 +28,13 @@ import (
 // is down, invalidations may be lost: the L1 is flushed when it goes down
 // and stays empty until tracking is live again.
 type l1 struct {
+	sub     *subscriber // knows whether the connection tracks
 	cache   *otter.Cache[string, l1Entry]
 	prefix  string        // "<tag>:": keys of the tag, as invalidations name them
 	flushes atomic.Uint64 // bumped by every flush
 	stripes [64]atomic.Uint64
 	seed    maphash.Seed
-	live    atomic.Bool // tracking is on for the current pub/sub connection
-	refused atomic.Bool // the server refused CLIENT TRACKING: the L1 stays empty
+	refused atomic.Bool // the server refused tracking or its channel: the L1 stays empty
 }
 
 type l1Entry struct {
@@ -67,8 +68,8 @@ func (l *l1) get(key string) ([]byte, bool) {
 // l1Snap is the state of the L1's invalidations for one key before a read
 // from Redis.
 type l1Snap struct {
-	ok            bool // tracking was live
-	flush, stripe uint64
+	ok                   bool // tracking was live
+	epoch, flush, stripe uint64
 }
 
 func (l *l1) stripe(key string) *atomic.Uint64 {
@@ -76,13 +77,24 @@ func (l *l1) stripe(key string) *atomic.Uint64 {
 }
 
 func (l *l1) snap(key string) l1Snap {
-	return l1Snap{ok: l.live.Load() && !l.refused.Load(), flush: l.flushes.Load(), stripe: l.stripe(key).Load()}
+	epoch, live := l.sub.tracking()
+	return l1Snap{ok: live && !l.refused.Load(), epoch: epoch, flush: l.flushes.Load(), stripe: l.stripe(key).Load()}
 }
 
-// unchanged reports whether no invalidation of key, and no flush, happened
-// since s, and tracking is live.
+// unchanged reports whether tracking has been live throughout since s, and
+// no invalidation of key, and no flush, happened since.
 func (l *l1) unchanged(key string, s l1Snap) bool {
-	return s.ok && l.live.Load() && l.flushes.Load() == s.flush && l.stripe(key).Load() == s.stripe
+	if !s.ok || l.refused.Load() || l.flushes.Load() != s.flush || l.stripe(key).Load() != s.stripe {
+		return false
+	}
+	epoch, live := l.sub.tracking()
+	return live && epoch == s.epoch
+}
+
+// live reports whether the L1 can take values now.
+func (l *l1) live() bool {
+	_, live := l.sub.tracking()
+	return live && !l.refused.Load()
 }
 
 // promote puts val in the L1 for ttl if nothing invalidated key since s.
@@ -118,10 +130,10 @@ func (l *l1) flush() {
 	l.cache.InvalidateAll()
 }
 
-// down is called when the tracking connection fails: invalidations may be
-// lost from now until it is live again.
+// down is called when the tracking connection fails or is replaced:
+// invalidations may be lost from now until it is live again (the
+// subscriber's tracking state, which snap and unchanged read).
 func (l *l1) down() {
-	l.live.Store(false)
 	l.flush()
 }
 
@@ -162,7 +174,26 @@ func (l *l1) trackingClient(rdb redis.UniversalClient) (*redis.Client, error) {
 		}
 		return err
 	}
-	return redis.NewClient(&o), nil
+	tc := redis.NewClient(&o)
+	tc.AddHook(dialHook{l})
+	return tc, nil
+}
+
+// dialHook tells the subscriber of every dial of its client, before it
+// happens: the previous connection, if any, is gone.
+type dialHook struct{ l *l1 }
+
+func (h dialHook) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if h.l.sub != nil {
+			h.l.sub.dialled()
+		}
+		return next(ctx, network, addr)
+	}
+}
+func (dialHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (dialHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 // track follows the invalidation channel until the subscriber closes.
@@ -172,12 +203,14 @@ func (c *Client) track(w *watch) {
 		if ev.closed {
 			return
 		}
-		if ev.reread {
-			// Subscribed on a connection whose tracking went on before it:
-			// from now on every write is seen. Anything older was flushed
-			// when the last connection went down (or there was none).
-			c.l1.live.Store(true)
+		if ev.err != nil {
+			// Redis refused the invalidation channel (an ACL user without
+			// it): no invalidation will come, so no value may enter.
+			c.l1.refused.Store(true)
+			c.l1.flush()
 		}
+		// Liveness is the subscriber's (see subscriber.tracking): a
+		// reread here may be an old connection's.
 		for _, m := range ev.messages {
 			c.l1.invalidate(m.PayloadSlice)
 		}

@@ -8,13 +8,15 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/memolock/memolock/internal/redistest"
 )
 
 // l1Client is a test client with an L1 whose tracking is live.
 func l1Client(t *testing.T, addr, tag string) *testClient {
 	t.Helper()
 	c := newTestClient(t, addr, tag, &Options{L1Size: 1000})
-	eventually(t, 5*time.Second, "tracking to be live", func() bool { return c.l1.live.Load() })
+	eventually(t, 5*time.Second, "tracking to be live", func() bool { return c.l1.live() })
 	return c
 }
 
@@ -134,7 +136,7 @@ func TestL1_FlushedWhenTheTrackingConnectionIsKilled(t *testing.T) {
 	if v, _ := served(t, c, "k", noFetch); v != "new" {
 		t.Errorf("after the kill: %q", v)
 	}
-	eventually(t, 5*time.Second, "tracking to be live again", func() bool { return c.l1.live.Load() })
+	eventually(t, 5*time.Second, "tracking to be live again", func() bool { return c.l1.live() })
 	eventually(t, 5*time.Second, "the new value to reach the L1", func() bool {
 		v, s := served(t, c, "k", noFetch)
 		return s == ServedL1 && v == "new"
@@ -217,7 +219,7 @@ func BenchmarkL1Hit(b *testing.B) {
 	srv := realBackend(b)
 	c := newTestClient(b, srv.addr, "bench-l1", &Options{L1Size: 1000})
 	deadline := time.Now().Add(5 * time.Second)
-	for !c.l1.live.Load() && time.Now().Before(deadline) {
+	for !c.l1.live() && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
 	ctx := context.Background()
@@ -293,4 +295,25 @@ func TestL1_GetManyReadsAndFillsTheL1(t *testing.T) {
 		items, _ := c.GetMany(bg(), []string{"a", "b"}, fetch, nil)
 		return string(items[1].Value) == "changed"
 	})
+}
+
+// An ACL user that may track but not subscribe to the invalidation channel
+// (Redis 7 users get resetchannels by default) gets no invalidations: its
+// L1 must stay empty, while waits on its own channels still work.
+func TestL1_RefusedInvalidationChannelKeepsTheL1Empty(t *testing.T) {
+	srv := redistest.Start(t)
+	c := aclClient(t, srv, "acl", &Options{L1Size: 100}, "~*", "resetchannels", "&acl/*")
+	raw := rawClient(t, srv.Addr)
+	raw.Set(bg(), "acl:k", "old", 0)
+	eventually(t, 5*time.Second, "the refusal to be seen", func() bool { return c.l1.refused.Load() })
+	for range 20 {
+		if _, s := served(t, c, "k", noFetch); s == ServedL1 {
+			t.Fatal("served from an L1 that gets no invalidations")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	raw.Set(bg(), "acl:k", "new", 0)
+	if v, _ := served(t, c, "k", noFetch); v != "new" {
+		t.Errorf("after an outside write: %q", v)
+	}
 }

@@ -83,8 +83,11 @@ type Options struct {
 	// values in front of Redis, kept coherent by Redis's client-side
 	// caching: CLIENT TRACKING in broadcasting mode for the tag's keys, on
 	// the connection that reads the client's pub/sub. Any write to a
-	// value's key, by anyone, drops it from every L1 within milliseconds,
-	// and the whole L1 is dropped while that connection is down. Values
+	// value's key, by anyone, drops it from every L1 within milliseconds
+	// while that connection is healthy, and the whole L1 is dropped when it
+	// fails or is redialled (a silent failure is noticed within about 6 s).
+	// A server without tracking, or an ACL user refused the invalidation
+	// channel, leaves the L1 empty. Values
 	// enter the L1 from Redis, with the time Redis has left on them. It
 	// needs a *redis.Client (a failover client is one) on a server with
 	// CLIENT TRACKING (Redis 6 or later); on a server without it the L1
@@ -185,8 +188,9 @@ func New(rdb redis.UniversalClient, tag string, opts *Options) (*Client, error) 
 		}
 		c.sub = newSubscriber(c.tracker, &c.stats)
 		c.sub.onBreak = c.l1.down
+		c.l1.sub = c.sub
 		c.tracking = make(chan struct{})
-		w := c.sub.watch(nil, invalidationChannel)
+		w := c.sub.watchTracking(invalidationChannel)
 		go func() {
 			defer close(c.tracking)
 			c.track(w)
@@ -380,7 +384,9 @@ func (c *Client) resolve(f *flight, first *attempt) {
 	// Callers first; the rest can wait.
 	c.flights.finish(f, val, err, w.served)
 	w.end()
-	if c.l1 != nil && err == nil && (w.served == ServedRedis || w.served == ServedWaited) {
+	// A value that came while waiting was just stored by its holder,
+	// whose write invalidates it: promoting it would be a wasted round trip.
+	if c.l1 != nil && err == nil && w.served == ServedRedis {
 		c.promoteFromRedis(f.key, val, f.l1)
 	}
 }

@@ -42,8 +42,16 @@ import (
 type subscriber struct {
 	rdb     redis.UniversalClient
 	onBreak func() // if set, called when a connection is found broken (the L1)
-	stats   *counters
-	health  time.Duration
+
+	// With an L1: the watch of the invalidation channel, and whether the
+	// current connection is known to track (its subscription to that
+	// channel is live, and nothing broke or dialled since). trackEpoch
+	// counts the times it stopped being so. Guarded by mu.
+	trackWatch *watch
+	trackLive  bool
+	trackEpoch uint64
+	stats      *counters
+	health     time.Duration
 
 	ctx    context.Context // bounds run's calls; cancelled by close
 	cancel context.CancelFunc
@@ -153,7 +161,10 @@ func newSubscriber(rdb redis.UniversalClient, stats *counters) *subscriber {
 // once the subscription is live, and gets every message on them. onValue
 // may be nil.
 func (s *subscriber) watch(onValue func(string), channels ...string) *watch {
-	w := &watch{channels: channels, signal: make(chan struct{}, 1), onValue: onValue}
+	return s.addWatch(&watch{channels: channels, signal: make(chan struct{}, 1), onValue: onValue})
+}
+
+func (s *subscriber) addWatch(w *watch) *watch {
 	s.mu.Lock()
 	if s.closed {
 		w.closed = true
@@ -168,7 +179,7 @@ func (s *subscriber) watch(onValue func(string), channels ...string) *watch {
 		go s.run()
 	}
 	s.all[w] = struct{}{}
-	for _, ch := range channels {
+	for _, ch := range w.channels {
 		ws := s.watches[ch]
 		if ws == nil {
 			ws = make(map[*watch]struct{})
@@ -183,6 +194,16 @@ func (s *subscriber) watch(onValue func(string), channels ...string) *watch {
 	s.mu.Unlock()
 	s.wake()
 	return w
+}
+
+// watchTracking is watch for the L1's invalidation channel: its
+// subscription going live marks the connection as tracking.
+func (s *subscriber) watchTracking(channel string) *watch {
+	w := &watch{channels: []string{channel}, signal: make(chan struct{}, 1)}
+	s.mu.Lock()
+	s.trackWatch = w
+	s.mu.Unlock()
+	return s.addWatch(w)
 }
 
 // unwatch drops w; channels nobody watches any more are unsubscribed.
@@ -449,12 +470,43 @@ func (s *subscriber) fail(gen uint64) {
 	first := gen == s.gen && !s.broken
 	if gen == s.gen {
 		s.broken = true
+		s.untrackLocked()
 	}
 	s.mu.Unlock()
 	if first && s.onBreak != nil {
 		s.onBreak()
 	}
 	s.wake()
+}
+
+// untrackLocked records that the current connection may not track any
+// more. Called under mu.
+func (s *subscriber) untrackLocked() {
+	if s.trackLive {
+		s.trackLive = false
+	}
+	s.trackEpoch++
+}
+
+// dialled is called before every dial of the subscriber's client (with an
+// L1): go-redis may have replaced the connection inside a call, and
+// invalidations sent in the gap are lost.
+func (s *subscriber) dialled() {
+	s.mu.Lock()
+	s.untrackLocked()
+	s.mu.Unlock()
+	if s.onBreak != nil {
+		s.onBreak()
+	}
+}
+
+// tracking reports whether the current connection is known to receive
+// invalidations, and the epoch of that state: a later call that returns
+// the same epoch and true proves that no invalidation was missed between.
+func (s *subscriber) tracking() (uint64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.trackEpoch, s.trackLive
 }
 
 // read receives from ps, connection gen, until it fails or is replaced.
@@ -576,6 +628,9 @@ func (s *subscriber) markerBack(payload string, poke []*watch) []*watch {
 		if w := m.w; w.seq == m.seq && !w.gone && !w.closed {
 			w.live, w.reread = true, true
 			poke = append(poke, w)
+			if w == s.trackWatch && w.err == nil && !s.broken {
+				s.trackLive = true
+			}
 		}
 	}
 	s.marked = s.marked[n:]
