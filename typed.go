@@ -32,7 +32,9 @@ func (JSON[T]) Unmarshal(data []byte) (T, error) {
 // is not usable; set Client:
 //
 //	users := memolock.Typed[User]{Client: c}
-//	u, err := users.Get(ctx, "42", loadUser)
+//	u, err := users.Get(ctx, "42", func(ctx context.Context, _ *memolock.Lease) (User, time.Duration, error) {
+//		return loadUser(ctx, 42)
+//	})
 type Typed[T any] struct {
 	Client *Client
 	Codec  Codec[T]

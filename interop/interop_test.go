@@ -225,14 +225,17 @@ func (k *key) waitFor(d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// subscribers waits until n processes subscribe to the key's value channel:
-// each waiting process subscribes once, however it waits.
+// subscribers waits until n processes subscribe to the key's value and
+// events channels: each waiting process subscribes once, however it waits.
+// Both, since a fail event published before a waiter's events
+// subscription took effect is lost, and that waiter then computes itself
+// (interop/PROTOCOL.md, step 2).
 func (k *key) subscribers(n int64) {
 	k.t.Helper()
-	ch := k.tag + "/notif:" + k.id
-	k.waitFor(60*time.Second, fmt.Sprintf("%d subscribers to %q", n, ch), func() bool {
-		m, err := k.rdb.PubSubNumSub(context.Background(), ch).Result()
-		return err == nil && m[ch] >= n
+	chans := []string{k.tag + "/notif:" + k.id, k.tag + "/lock-event:" + k.id}
+	k.waitFor(60*time.Second, fmt.Sprintf("%d subscribers to %q", n, chans), func() bool {
+		m, err := k.rdb.PubSubNumSub(context.Background(), chans...).Result()
+		return err == nil && m[chans[0]] >= n && m[chans[1]] >= n
 	})
 }
 
