@@ -87,9 +87,7 @@ func TestBatch_LoadsScriptsAfterScriptFlush(t *testing.T) {
 }
 
 func TestBatch_RedisDownFailsEveryCaller(t *testing.T) {
-	b := miniBackend(t)
-	addr := b.addr
-	b.mini.Close()
+	addr := refusedAddr(t)
 	c := newTestClient(t, addr, "down", nil)
 	var wg sync.WaitGroup
 	for i := range 32 {

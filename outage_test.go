@@ -140,9 +140,7 @@ func TestGet_FailOpenReturnsErrorReplies(t *testing.T) {
 // Under FailOpen, fetch runs without a lock during an outage; callers that
 // leave must not cancel it, since others in the process share it.
 func TestGet_FailOpenFetchOutlivesItsCaller(t *testing.T) {
-	b := miniBackend(t)
-	addr := b.addr
-	b.mini.Close()
+	addr := refusedAddr(t)
 	c := newTestClient(t, addr, "fo2", &Options{FailOpen: true})
 	started, release := make(chan struct{}), make(chan struct{})
 	var releaseOnce sync.Once
