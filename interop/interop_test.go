@@ -109,12 +109,32 @@ func need(t *testing.T, rts ...*runtime) {
 // A proc is one `run` invocation, in a process group of its own so that
 // killing it kills its command too.
 type proc struct {
-	rt       *runtime
-	cmd      *exec.Cmd
-	out, err bytes.Buffer
-	done     chan struct{}
-	code     int
-	exited   time.Time
+	rt     *runtime
+	cmd    *exec.Cmd
+	out    bytes.Buffer
+	err    syncBuffer // read while the process runs
+	done   chan struct{}
+	code   int
+	exited time.Time
+}
+
+// syncBuffer is a bytes.Buffer that one goroutine writes while another
+// reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // key is one test's tag, id and files on one redis-server.
@@ -180,13 +200,24 @@ func (p *proc) wait(t *testing.T, d time.Duration) {
 	}
 }
 
-func (p *proc) stderr() string {
-	select {
-	case <-p.done:
-		return p.err.String()
-	default:
-		return "(still running)"
+func (p *proc) stderr() string { return p.err.String() }
+
+// waiting waits until every one of ps says on stderr that it waits: it has
+// looked up and knows the holder (every run command prints "memolock:
+// waiting for" when its first lookup finds the lock held).
+func (k *key) waiting(ps ...*proc) {
+	k.t.Helper()
+	for _, p := range ps {
+		k.waitFor(60*time.Second, p.rt.name+" to wait", func() bool {
+			return strings.Contains(p.err.String(), "memolock: waiting for")
+		})
 	}
+	// Once its subscription is live, each waiter looks up once more. A
+	// failure released just before that lookup runs leaves the lock free,
+	// and the waiter takes it and computes instead of reporting the
+	// failure (interop/PROTOCOL.md, step 2): give that lookup time to run.
+	// This is a settling delay, not a bound that anything is held to.
+	time.Sleep(500 * time.Millisecond)
 }
 
 // expect checks p's exit code and, unless want is nil, its stdout.
@@ -274,6 +305,7 @@ func TestOneComputesOthersWait(t *testing.T) {
 				ws = append(ws, k.start(rt, nil, gated, k.path("runs"), k.path("go"), "must not run"))
 			}
 			k.subscribers(2)
+			k.waiting(ws...)
 			if err := os.WriteFile(k.path("go"), nil, 0o644); err != nil {
 				t.Fatal(err)
 			}
@@ -358,6 +390,7 @@ func TestFailingHolderFailsWaitersPromptly(t *testing.T) {
 				ws = append(ws, k.start(rt, ttl, `echo run >> "$1"`, k.path("runs")))
 			}
 			k.subscribers(2)
+			k.waiting(ws...)
 			if err := os.WriteFile(k.path("go"), nil, 0o644); err != nil {
 				t.Fatal(err)
 			}
