@@ -177,15 +177,7 @@ func TestControl_DeadlineHoldsWhileRedisStalls(t *testing.T) {
 	if _, err := c.Peek(bg(), "warm"); err != nil { // load the script
 		t.Fatal(err)
 	}
-	sleeper := rawClient(t, srv.Addr)
-	slept := make(chan error, 1)
-	go func() { slept <- sleeper.Do(bg(), "DEBUG", "SLEEP", "2").Err() }()
-	defer func() {
-		if err := <-slept; err != nil {
-			t.Error(err)
-		}
-	}()
-	eventually(t, 5*time.Second, "the server to stall", func() bool { return redistest.Stalled(srv.Addr) })
+	stall(t, srv.Addr, 2)
 	for name, call := range map[string]func(context.Context) error{
 		"Peek":   func(ctx context.Context) error { _, err := c.Peek(ctx, "k"); return err },
 		"Delete": func(ctx context.Context) error { _, err := c.Delete(ctx, "k"); return err },

@@ -632,10 +632,7 @@ func TestGetMany_DeadlineHoldsWhileRedisStalls(t *testing.T) {
 	if _, err := c.Get(bg(), "warm", constFetch(new(atomic.Int64), "w", 0)); err != nil {
 		t.Fatal(err)
 	}
-	sleeper := rawClient(t, srv.Addr)
-	slept := make(chan error, 1)
-	go func() { slept <- sleeper.Do(bg(), "DEBUG", "SLEEP", "3").Err() }()
-	eventually(t, 5*time.Second, "the server to stall", func() bool { return redistest.Stalled(srv.Addr) })
+	stall(t, srv.Addr, 3)
 
 	ids := []string{"a", "b", "warm", "a"}
 	for _, opts := range []*ManyOptions{nil, {Batch: batchByID(new(sync.Mutex), new([][]string))}} {
@@ -652,9 +649,6 @@ func TestGetMany_DeadlineHoldsWhileRedisStalls(t *testing.T) {
 				t.Errorf("%q: %v, want ErrTimeout and DeadlineExceeded", it.ID, it.Err)
 			}
 		}
-	}
-	if err := <-slept; err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -186,6 +186,23 @@ type quietLogger struct{}
 
 func (quietLogger) Printf(context.Context, string, ...any) {}
 
+// stall makes the redis-server at addr, started with
+// --enable-debug-command yes, sleep for seconds (DEBUG SLEEP), and returns
+// once it has stalled. The test's cleanup waits for the sleep to end and
+// fails the test if it did not end well.
+func stall(t *testing.T, addr string, seconds int) {
+	t.Helper()
+	sleeper := rawClient(t, addr)
+	slept := make(chan error, 1)
+	go func() { slept <- sleeper.Do(bg(), "DEBUG", "SLEEP", seconds).Err() }()
+	t.Cleanup(func() {
+		if err := <-slept; err != nil {
+			t.Errorf("DEBUG SLEEP: %v", err)
+		}
+	})
+	eventually(t, 5*time.Second, "the server to stall", func() bool { return redistest.Stalled(addr) })
+}
+
 // lockDone checks that the lock at key was left done after a value was
 // stored: "done:<token>", lingering at most lockLinger (see storeSrc).
 func lockDone(t *testing.T, rdb redis.Cmdable, key string) {

@@ -25,10 +25,7 @@ func TestGet_DeadlineHoldsWhileRedisStalls(t *testing.T) {
 	if _, err := c.Get(bg(), "warm", constFetch(new(atomic.Int64), "w", 0)); err != nil {
 		t.Fatal(err)
 	}
-	sleeper := rawClient(t, srv.Addr)
-	slept := make(chan error, 1)
-	go func() { slept <- sleeper.Do(bg(), "DEBUG", "SLEEP", "3").Err() }()
-	eventually(t, 5*time.Second, "the server to stall", func() bool { return redistest.Stalled(srv.Addr) })
+	stall(t, srv.Addr, 3)
 
 	var wg sync.WaitGroup
 	var slow atomic.Int64
@@ -50,9 +47,6 @@ func TestGet_DeadlineHoldsWhileRedisStalls(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if err := <-slept; err != nil {
-		t.Fatal(err)
-	}
 }
 
 // Against a server that accepts connections and never answers, a caller's
