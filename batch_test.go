@@ -71,8 +71,8 @@ func TestBatch_LoadsScriptsAfterScriptFlush(t *testing.T) {
 	raw.ScriptFlush(bg())
 	bt := newBatcher(raw, &counters{}, &sync.WaitGroup{})
 	calls := []*acquireCall{
-		{keys: []string{"flush:hit", "flush/lock:hit"}, args: []any{"t1", 1000}, done: make(chan struct{})},
-		{keys: []string{"flush:miss", "flush/lock:miss"}, args: []any{"t2", 1000}, done: make(chan struct{})},
+		{keys: []string{"flush:hit", "flush/lock:hit", "flush/lock-notfound:hit", "flush/lock-stale:hit"}, args: []any{"t1", 1000}, done: make(chan struct{})},
+		{keys: []string{"flush:miss", "flush/lock:miss", "flush/lock-notfound:miss", "flush/lock-stale:miss"}, args: []any{"t2", 1000}, done: make(chan struct{})},
 	}
 	bt.send(calls)
 	if calls[0].err != nil || calls[0].res != "stored" {

@@ -11,7 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Delete removes the value of id and its lock, in one step. A computation
+// Delete removes the value of id and its lock, with its stale copy and a
+// cached "not found", in one step. A computation
 // already under way for id, here or in any other memolock process, can
 // never store its value afterwards: its store finds its token gone (the
 // rule of memcache leases against stale sets). Its own callers still get
@@ -31,7 +32,7 @@ func (c *Client) Delete(ctx context.Context, id string) (bool, error) {
 	var n int
 	err = c.bounded(ctx, func(ctx context.Context) error {
 		var err error
-		n, err = deleteScript.Run(ctx, c.rdb, []string{c.keys.Value(key), c.keys.Lock(key)}, c.keys.Events(key)).Int()
+		n, err = deleteScript.Run(ctx, c.rdb, c.proto.idKeys(key), c.keys.Events(key)).Int()
 		return err
 	})
 	c.forget(key) // whatever happened, as the write may have run
@@ -42,7 +43,8 @@ func (c *Client) Delete(ctx context.Context, id string) (bool, error) {
 }
 
 // Set stores value for id with ttl (0 keeps it for ever), whoever holds
-// the lock, and publishes it: callers waiting for id, in any process and
+// the lock, and publishes it (a cached "not found" goes, and with
+// Options.StaleTTL a stale copy is kept as a store keeps one): callers waiting for id, in any process and
 // language, get it at once. A computation under way for id will not
 // overwrite it: Set leaves the lock done, as a store does, so that the
 // holder's lease is lost.
@@ -58,8 +60,8 @@ func (c *Client) Set(ctx context.Context, id string, value []byte, ttl time.Dura
 		value = []byte{}
 	}
 	err = c.bounded(ctx, func(ctx context.Context) error {
-		return setScript.Run(ctx, c.rdb, []string{c.keys.Value(key), c.keys.Lock(key)},
-			newToken(), value, ttlMillis(ttl), c.keys.Notif(key), lockLinger.Milliseconds()).Err()
+		return setScript.Run(ctx, c.rdb, c.proto.idKeys(key),
+			newToken(), value, ttlMillis(ttl), c.keys.Notif(key), lockLinger.Milliseconds(), c.staleTTL.Milliseconds()).Err()
 	})
 	c.forget(key)
 	if err != nil {
@@ -73,27 +75,43 @@ type Peeked struct {
 	Value []byte        // the value; nil if there is none
 	Found bool          // whether there is a value (an empty one counts)
 	TTL   time.Duration // the value's remaining time; -1 if it never expires
+	// Stale is set when the value is a stale copy put back after a fetch
+	// failed (Options.StaleTTL): it is served flagged stale until TTL.
+	Stale bool
+	// NotFound is set when fetch found nothing and that is cached
+	// (Options.NegTTL), for NotFoundTTL more.
+	NotFound    bool
+	NotFoundTTL time.Duration
+	// StaleCopyTTL is how long the stale copy of the value has left
+	// (Options.StaleTTL); 0 when there is none.
+	StaleCopyTTL time.Duration
 	// Holder is the token of the lock's holder, if the lock is held: a
 	// computation is under way (or, prefixed "done:", the lock outlives a
-	// stored value for a moment).
+	// stored value for a moment, or, prefixed "stale:", a stale value is
+	// served).
 	Holder    string
 	HolderTTL time.Duration // the lock's remaining time
 }
 
-// Peek reads what Redis holds for id: the value, its remaining TTL, and
-// who holds the lock, if anyone. It never computes and never waits.
+// Peek reads what Redis holds for id: the value, its remaining TTL,
+// whether it is stale or a cached "not found", and who holds the lock, if
+// anyone. It never computes, never waits and never fills the L1.
 func (c *Client) Peek(ctx context.Context, id string) (Peeked, error) {
 	key, err := c.control(ctx, id)
 	if err != nil {
 		return Peeked{}, err
 	}
+	return c.peek(ctx, key)
+}
+
+func (c *Client) peek(ctx context.Context, key string) (Peeked, error) {
 	var res []any
-	err = c.bounded(ctx, func(ctx context.Context) error {
+	err := c.bounded(ctx, func(ctx context.Context) error {
 		var err error
-		res, err = peekScript.Run(ctx, c.rdb, []string{c.keys.Value(key), c.keys.Lock(key)}).Slice()
+		res, err = peekScript.Run(ctx, c.rdb, c.proto.idKeys(key)).Slice()
 		return err
 	})
-	if err == nil && len(res) != 4 {
+	if err == nil && len(res) != 7 {
 		err = fmt.Errorf("unexpected script reply %v", res)
 	}
 	if err != nil {
@@ -107,8 +125,60 @@ func (c *Client) Peek(ctx context.Context, id string) (Peeked, error) {
 	if h, ok := res[2].(string); ok {
 		p.Holder = h
 		p.HolderTTL = pttl(res[3])
+		p.Stale = p.Found && strings.HasPrefix(h, "stale:")
+	}
+	if ms, _ := res[4].(int64); ms != -2 && !p.Found {
+		p.NotFound, p.NotFoundTTL = true, pttl(res[4])
+	}
+	if _, ok := res[5].(string); ok {
+		p.StaleCopyTTL = pttl(res[6])
 	}
 	return p, nil
+}
+
+// Lookup returns what the L1, then Redis, holds for id, and never computes
+// or waits: the value, served from the L1, from Redis or stale; or an
+// error matching ErrNotFound for a cached "not found" (Options.NegTTL); or
+// one matching ErrMiss when nothing is cached. A value read from Redis
+// enters the L1 as a Get's would.
+func (c *Client) Lookup(ctx context.Context, id string) (Result, error) {
+	key, err := c.control(ctx, id)
+	if err != nil {
+		return Result{}, err
+	}
+	if c.l1 != nil {
+		if v, ok := c.l1.get(key); ok {
+			c.stats.l1Hits.Add(1)
+			return Result{Value: v, Served: ServedL1}, nil
+		}
+	}
+	if err := c.outage.err(); err != nil {
+		return Result{}, err
+	}
+	var snap l1Snap
+	if c.l1 != nil {
+		snap = c.l1.snap(key)
+	}
+	p, err := c.peek(ctx, key)
+	if err != nil {
+		c.outage.report(err)
+		return Result{}, err
+	}
+	switch {
+	case p.Found && p.Stale:
+		c.stats.stale.Add(1)
+		return Result{Value: p.Value, Served: ServedStale}, nil
+	case p.Found:
+		c.stats.hits.Add(1)
+		if c.l1 != nil {
+			c.l1.promote(key, p.Value, c.l1TTL(p.TTL), snap)
+		}
+		return Result{Value: p.Value, Served: ServedRedis}, nil
+	case p.NotFound:
+		c.stats.notFound.Add(1)
+		return Result{Served: ServedRedis}, fmt.Errorf("%w: id %s", ErrNotFound, quote(id))
+	}
+	return Result{}, fmt.Errorf("%w: id %s", ErrMiss, quote(id))
 }
 
 func pttl(v any) time.Duration {
@@ -138,7 +208,8 @@ func (c *Client) Purge(ctx context.Context) (int64, error) {
 	}
 	var n atomic.Int64
 	purge := func(ctx context.Context, node redis.Cmdable) error {
-		for _, pattern := range []string{globEscape(c.keys.Value("")) + "*", globEscape(c.keys.Lock("")) + "*"} {
+		for _, prefix := range []string{c.keys.Value(""), c.keys.Lock(""), c.keys.NotFound(""), c.keys.Stale("")} {
+			pattern := globEscape(prefix) + "*"
 			if err := purgeNode(ctx, node, pattern, &n); err != nil {
 				return err
 			}

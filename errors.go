@@ -32,6 +32,16 @@ var (
 	// process and this very Client included: the lock is not re-entrant.
 	ErrBusy = errors.New("memolock: lock is busy")
 
+	// ErrNotFound is what fetch returns (or wraps) to say that the id has
+	// no value; Get then returns an error wrapping it, which Redis
+	// remembers for Options.NegTTL. A cached "not found" is not an empty
+	// value: that is a value like any other.
+	ErrNotFound = errors.New("memolock: not found")
+
+	// ErrMiss is returned by Lookup when neither the L1 nor Redis holds a
+	// value, or a "not found", for the id.
+	ErrMiss = errors.New("memolock: not cached")
+
 	// ErrInvalid wraps every rejected argument or option.
 	ErrInvalid = errors.New("memolock: invalid argument")
 )

@@ -2,9 +2,11 @@ package memolock_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -126,4 +128,49 @@ func ExampleTyped() {
 
 func loadUser(ctx context.Context, id int) (User, time.Duration, error) {
 	return User{Name: "ada"}, time.Hour, nil
+}
+
+// Not found, stale on error and refresh ahead: the layered cache options.
+func ExampleOptions() {
+	srv, _ := miniredis.Run()
+	defer srv.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+
+	cache, err := memolock.New(rdb, "users", &memolock.Options{
+		NegTTL:       30 * time.Second,
+		StaleTTL:     time.Hour,
+		RefreshAhead: 10 * time.Second,
+		Logger:       slog.Default(),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cache.Close()
+	r, err := cache.GetResult(ctx, "42", func(ctx context.Context, _ *memolock.Lease) ([]byte, time.Duration, error) {
+		u, err := loadUserRow(ctx, 42)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, 0, memolock.ErrNotFound
+		}
+		return u, time.Minute, err
+	})
+	switch {
+	case errors.Is(err, memolock.ErrNotFound):
+		fmt.Println("no such user")
+	case err != nil:
+		log.Print(err)
+	case r.Served == memolock.ServedStale:
+		fmt.Printf("%s (stale: the database is failing)\n", r.Value)
+	default:
+		fmt.Printf("%s\n", r.Value)
+	}
+	// Output: {"name":"ada"}
+}
+
+func loadUserRow(ctx context.Context, id int) ([]byte, error) {
+	if id != 42 {
+		return nil, sql.ErrNoRows
+	}
+	return []byte(`{"name":"ada"}`), nil
 }

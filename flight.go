@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // A flight is one process's pursuit of one value. Every caller of Get for
@@ -24,6 +25,14 @@ type flight struct {
 	err    error
 	served Served // how val came, set by finish
 	l1     l1Snap // the L1's invalidations before the first lookup
+	// batched is set for GetMany's flights, whose fetch serves a batch.
+	batched bool
+	// refreshing is set for a flight that refreshes a value ahead of its
+	// expiry, in the background, for no caller.
+	refreshing bool
+	// stale is the stale copy of the value that a busy reply carried
+	// (Options.StaleTTL), for callers that give up waiting.
+	stale atomic.Pointer[[]byte]
 
 	// Guarded by group.mu.
 	refs  int
@@ -98,19 +107,23 @@ func (g *group) launch(f *flight, ctx context.Context) {
 	}
 }
 
-// await waits for f on behalf of one caller.
-func (g *group) await(ctx context.Context, f *flight) ([]byte, error) {
+// await waits for f on behalf of one caller. A caller that gives up
+// waiting gets the stale copy of the value, if the flight has one.
+func (g *group) await(ctx context.Context, f *flight) ([]byte, Served, error) {
 	cancelled := ctx.Done()
 	if cancelled == nil {
 		<-f.done // a plain receive: many callers of a hot key contend less
-		return f.val, f.err
+		return f.val, f.served, f.err
 	}
 	select {
 	case <-f.done:
-		return f.val, f.err
+		return f.val, f.served, f.err
 	case <-cancelled:
 		g.leave(f)
-		return nil, fmt.Errorf("%w: %w", ErrTimeout, ctx.Err())
+		if s := f.stale.Load(); s != nil {
+			return *s, ServedStale, nil
+		}
+		return nil, 0, fmt.Errorf("%w: %w", ErrTimeout, ctx.Err())
 	}
 }
 
@@ -190,6 +203,28 @@ func (g *group) close() ([]*flight, bool) {
 		flights = append(flights, f)
 	}
 	return flights, true
+}
+
+// background starts f, a flight that serves no caller and that no caller
+// joins, holding the lock it took: it runs under ctx's values, Close
+// cancels it, and it adds one to wg for its goroutine and one to callbacks
+// for the user function it runs. It reports false, with f.ctx set but
+// nothing added, once the group is closed.
+func (g *group) background(f *flight, ctx context.Context, wg, callbacks *sync.WaitGroup) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	f.ctx, f.stop = context.WithCancel(context.WithoutCancel(ctx))
+	if g.closed {
+		return false
+	}
+	f.state = holding
+	if g.detached == nil {
+		g.detached = make(map[*flight]struct{})
+	}
+	g.detached[f] = struct{}{}
+	wg.Add(1)
+	callbacks.Add(1)
+	return true
 }
 
 // track adds one to wg, for work that Close waits for, unless the group is

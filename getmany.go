@@ -16,7 +16,7 @@ import (
 type Item struct {
 	ID     string
 	Value  []byte // shared with other callers of the same value: do not modify
-	Served Served // how Value was served; 0 when Err is set
+	Served Served // how Value was served; 0 when Err is set, unless it matches ErrNotFound
 	Err    error  // this id's error alone
 }
 
@@ -241,7 +241,7 @@ func (c *Client) promoteMany(ids, keys []string, values [][]byte, promote []int,
 		if err != nil || ttl == -2*time.Nanosecond || ttl == 0 {
 			continue
 		}
-		c.l1.promote(ids[j], values[n], ttl, snaps[j])
+		c.l1.promote(ids[j], values[n], c.l1TTL(ttl), snaps[j])
 	}
 }
 
@@ -331,9 +331,9 @@ func (c *Client) batchMisses(ctx context.Context, items []Item, missing []int, b
 			continue
 		}
 		it := &items[i]
-		it.Value, it.Err = c.flights.await(ctx, f)
-		if it.Err == nil {
-			it.Served = f.served
+		it.Value, it.Served, it.Err = c.flights.await(ctx, f)
+		if it.Err != nil && !errors.Is(it.Err, ErrNotFound) {
+			it.Served = 0
 		}
 	}
 }
@@ -348,7 +348,7 @@ func (c *Client) startMember(ctx context.Context, id string, col *collector) (*f
 	}
 	m := &member{col: col, id: id, run: make(chan []*member, 1), answer: make(chan BatchValue, 1)}
 	f, leader, err := c.flights.join(key, func() *flight {
-		return &flight{id: id, key: key, token: newToken(), fetch: m.fetch, done: make(chan struct{})}
+		return &flight{id: id, key: key, token: newToken(), fetch: m.fetch, done: make(chan struct{}), batched: true}
 	}, &c.wg)
 	if err != nil || !leader {
 		return f, err

@@ -89,8 +89,22 @@ func (c *Client) compute(f *flight, w *wait, lease *Lease, pttl time.Duration) (
 		// waiter elsewhere take over rather than fail.
 		c.release(f, abandonEvent(f.token))
 		return nil, ErrClosed
+	case errors.Is(res.err, ErrNotFound):
+		c.stats.notFound.Add(1)
+		c.recordNotFound(f, closing)
+		return nil, res.err
 	case res.err != nil:
 		c.stats.fetchErrors.Add(1)
+		if f.refreshing {
+			// The value is still there: its readers need not know.
+			c.log.Warn("memolock: refreshing a value ahead of its expiry failed",
+				"tag", c.keys.Tag(), "id", f.id, "error", res.err)
+		} else if c.staleTTL > 0 && !errors.Is(res.err, ErrFetchPanicked) {
+			if v, ok := c.resurrect(f, res.err); ok {
+				w.served = ServedStale
+				return v, nil
+			}
+		}
 		c.release(f, failEvent(f.token, res.err))
 		return nil, res.err
 	}
@@ -104,17 +118,79 @@ func (c *Client) compute(f *flight, w *wait, lease *Lease, pttl time.Duration) (
 	return res.val, nil
 }
 
+// recordNotFound records that fetch found nothing, for Options.NegTTL, and
+// tells the waiters elsewhere. If that fails, the lock is released with an
+// abandon event, so that waiters look again at once.
+func (c *Client) recordNotFound(f *flight, closing bool) {
+	ctx, cancel := c.holderCtx(f, closing)
+	defer cancel()
+	done, err := c.proto.notFound(ctx, f.key, f.token, c.negTTL)
+	switch {
+	case err != nil:
+		c.stats.storeErrors.Add(1)
+		c.outage.report(err)
+		c.release(f, abandonEvent(f.token))
+	case !done:
+		c.stats.leaseLost.Add(1)
+	}
+}
+
+// resurrect puts the stale copy of f's value back for ResurrectTTL, after
+// fetch failed with cause, and returns it; false if there is none (or the
+// lease was lost, or Redis failed).
+func (c *Client) resurrect(f *flight, cause error) ([]byte, bool) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(f.ctx), closeWait)
+	defer cancel()
+	v, ok, err := c.proto.resurrect(ctx, f.key, f.token, c.resurrectTTL)
+	if err != nil {
+		c.outage.report(err)
+		return nil, false
+	}
+	if ok {
+		c.stats.stale.Add(1)
+		c.log.Warn("memolock: fetch failed; serving the stale value",
+			"tag", c.keys.Tag(), "id", f.id, "for", c.resurrectTTL, "error", cause)
+	}
+	return v, ok
+}
+
+// holderCtx is the context of a holder's last write: its flight's values,
+// and bounded once Close has begun.
+func (c *Client) holderCtx(f *flight, closing bool) (context.Context, context.CancelFunc) {
+	ctx := context.WithoutCancel(f.ctx)
+	if closing {
+		return context.WithTimeout(ctx, closeWait)
+	}
+	return ctx, func() {}
+}
+
+// refresh runs fetch in the background for the value that f found close to
+// its expiry, under the lock that f's lookup took for it
+// (Options.RefreshAhead), and stores the next value. Close cancels it, and
+// waits for it, as for any fetch.
+func (c *Client) refresh(f *flight, ctx context.Context) {
+	rf := &flight{id: f.id, key: f.key, token: f.token, fetch: f.fetch, done: make(chan struct{}), refreshing: true}
+	if !c.flights.background(rf, ctx, &c.wg, &c.callbacks) {
+		c.release(rf, abandonEvent(rf.token)) // Close began: hand the lock over
+		return
+	}
+	c.stats.refreshes.Add(1)
+	go func() {
+		defer c.wg.Done()
+		w := &wait{c: c, f: rf}
+		val, err := c.compute(rf, w, c.lease(rf), -1)
+		c.flights.finish(rf, val, err, ServedComputed)
+		w.end()
+	}()
+}
+
 // uncached hands a value that fetch asked not to cache (a negative TTL) to
 // the waiters elsewhere, and frees the lock. If that fails, the lock is
 // released with an abandon event, so that waiters look again (and compute
 // for themselves) at once.
 func (c *Client) uncached(f *flight, val []byte, closing bool) {
-	ctx := context.WithoutCancel(f.ctx)
-	if closing {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, closeWait)
-		defer cancel()
-	}
+	ctx, cancel := c.holderCtx(f, closing)
+	defer cancel()
 	published, err := c.proto.publish(ctx, f.key, f.token, val)
 	switch {
 	case err != nil:
@@ -197,12 +273,8 @@ func (c *Client) watchdog(f *flight, lease *Lease, first time.Duration, stop <-c
 // a store that failed; a lost lease is only counted. Either way the callers
 // have their value.
 func (c *Client) store(f *flight, val []byte, ttl time.Duration, closing bool) error {
-	ctx := context.WithoutCancel(f.ctx)
-	if closing {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, closeWait)
-		defer cancel()
-	}
+	ctx, cancel := c.holderCtx(f, closing)
+	defer cancel()
 	stored, err := c.proto.store(ctx, f.key, f.token, val, ttl)
 	switch {
 	case err != nil:

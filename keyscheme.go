@@ -18,6 +18,8 @@ import (
 // keys of its standalone locks (Client.TryLock):
 //
 //	<tag>/lock-event:<id>      holder failures, for memolock peers only
+//	<tag>/lock-notfound:<id>   a cached "not found" (Options.NegTTL)
+//	<tag>/lock-stale:<id>      a copy of the value kept past its TTL (Options.StaleTTL)
 //	<tag>/lock-mutex:<sha256>  the lock TryLock takes for a name
 //
 // Within one tag no id can make a value key equal a lock key. Across tags,
@@ -58,6 +60,14 @@ func (k KeyScheme) Notif(id string) string { return k.tag + "/notif:" + id }
 // Events returns the channel on which memolock peers report that the holder
 // of the lock on id gave up without a value.
 func (k KeyScheme) Events(id string) string { return k.tag + "/lock-event:" + id }
+
+// NotFound returns the key that records that fetch found nothing for id
+// (Options.NegTTL).
+func (k KeyScheme) NotFound(id string) string { return k.tag + "/lock-notfound:" + id }
+
+// Stale returns the key holding a copy of the value of id that outlives it
+// by Options.StaleTTL.
+func (k KeyScheme) Stale(id string) string { return k.tag + "/lock-stale:" + id }
 
 // HashID returns the id that Options.HashIDs sends to Redis in place of id:
 // the lowercase hex SHA-256 of its bytes, 64 characters long.

@@ -229,5 +229,15 @@ func (c *Client) promoteFromRedis(key string, val []byte, s l1Snap) {
 	if err != nil || ttl == -2*time.Nanosecond || ttl == 0 {
 		return
 	}
-	c.l1.promote(key, val, ttl, s)
+	c.l1.promote(key, val, c.l1TTL(ttl), s)
+}
+
+// l1TTL is how long a value with ttl left in Redis (negative: no expiry)
+// may live in the L1: as long, or RefreshAhead less, so that a reader
+// reaches Redis while the value can be refreshed. 0: not at all.
+func (c *Client) l1TTL(ttl time.Duration) time.Duration {
+	if ttl < 0 || c.early == 0 {
+		return ttl
+	}
+	return max(ttl-c.early, 0)
 }

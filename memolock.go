@@ -19,6 +19,7 @@ package memolock
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"sync"
 	"time"
@@ -95,6 +96,46 @@ type Options struct {
 	// New on.
 	L1Size int
 
+	// NegTTL is how long Redis remembers that fetch found nothing: fetch
+	// reports it by returning an error that matches ErrNotFound, and
+	// callers here and waiters elsewhere get an error wrapping ErrNotFound.
+	// For NegTTL, every lookup of the id answers so at once, without
+	// calling fetch, until a value is stored, Set or Delete. The record is
+	// a side key of its own (KeyScheme.NotFound), so a cached "not found"
+	// is never confused with an empty value. Default 0: nothing is
+	// recorded, and the next lookup calls fetch again.
+	NegTTL time.Duration
+
+	// StaleTTL, if set, keeps a copy of every value this client stores
+	// for that much longer than the value itself (KeyScheme.Stale; values
+	// stored for ever get none). When fetch then fails with an error (not
+	// a panic), the callers get the stale copy, served as ServedStale,
+	// instead of the error, which goes to Logger; the copy is put back in
+	// Redis for ResurrectTTL, during which every lookup, in any process,
+	// gets it flagged stale and nobody calls fetch. A waiter whose context
+	// ends, or whose holder fails, also gets the stale copy when there is
+	// one. The copy doubles the memory a value takes in Redis.
+	StaleTTL time.Duration
+
+	// ResurrectTTL is how long a stale value is served after a failed
+	// fetch before fetch is tried again. Default DefaultResurrectTTL.
+	ResurrectTTL time.Duration
+
+	// RefreshAhead, if set, refreshes values before they expire: the
+	// first lookup that finds a value with less than RefreshAhead left
+	// takes the lock (one caller across all processes, as for a miss),
+	// returns the current value at once, and runs fetch in the background
+	// to store the next one, while every caller keeps reading the current
+	// value. A hot key then never misses, as long as fetch takes less
+	// than RefreshAhead. L1 entries expire RefreshAhead early, so that
+	// their readers reach Redis in the window.
+	RefreshAhead time.Duration
+
+	// Logger, if set, gets what goes wrong out of the callers' sight: a
+	// fetch error hidden by a stale value, a background refresh that
+	// failed. Default: nothing is logged.
+	Logger *slog.Logger
+
 	// OnWait, if set, is called when a flight starts waiting for a lock held
 	// by somebody else, with the caller's id and the holder's token. It runs
 	// on the flight's goroutine: keep it quick. A panic in it is recovered
@@ -104,6 +145,10 @@ type Options struct {
 
 // DefaultLockTTL is the lock TTL used when Options.LockTTL is zero.
 const DefaultLockTTL = 10 * time.Second
+
+// DefaultResurrectTTL is the resurrection time used when Options.StaleTTL
+// is set and Options.ResurrectTTL is zero.
+const DefaultResurrectTTL = 5 * time.Second
 
 // closeWait bounds how long Close waits for calls to Redis: releasing held
 // locks, lookups under way (which may take a lock that their flight then
@@ -126,6 +171,11 @@ type Client struct {
 	hashIDs      bool
 	onWait       func(id, holder string)
 	fetchTimeout time.Duration   // Options.FetchTimeout
+	negTTL       time.Duration   // Options.NegTTL
+	staleTTL     time.Duration   // Options.StaleTTL
+	resurrectTTL time.Duration   // Options.ResurrectTTL, defaulted
+	early        time.Duration   // Options.RefreshAhead
+	log          *slog.Logger    // Options.Logger; never nil
 	l1           *l1             // nil without Options.L1Size
 	tracker      *redis.Client   // the subscriber's own client, with an L1
 	tracking     chan struct{}   // closed when track returns, with an L1
@@ -164,8 +214,25 @@ func New(rdb redis.UniversalClient, tag string, opts *Options) (*Client, error) 
 	case lockTTL < time.Millisecond:
 		return nil, fmt.Errorf("%w: LockTTL %v is under 1ms; Redis locks are set in whole milliseconds", ErrInvalid, lockTTL)
 	}
-	if opts.FetchTimeout < 0 {
-		return nil, fmt.Errorf("%w: FetchTimeout %v is negative; use 0 for no limit", ErrInvalid, opts.FetchTimeout)
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"FetchTimeout", opts.FetchTimeout}, {"NegTTL", opts.NegTTL}, {"StaleTTL", opts.StaleTTL},
+		{"ResurrectTTL", opts.ResurrectTTL}, {"RefreshAhead", opts.RefreshAhead}} {
+		switch {
+		case d.v < 0:
+			return nil, fmt.Errorf("%w: %s %v is negative; use 0 to turn it off", ErrInvalid, d.name, d.v)
+		case d.v > 0 && d.v < time.Millisecond && d.name != "FetchTimeout":
+			return nil, fmt.Errorf("%w: %s %v is under 1ms; Redis keeps times in whole milliseconds", ErrInvalid, d.name, d.v)
+		}
+	}
+	resurrectTTL := opts.ResurrectTTL
+	if resurrectTTL == 0 {
+		resurrectTTL = DefaultResurrectTTL
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
 	}
 	c := &Client{
 		rdb:          rdb,
@@ -175,6 +242,11 @@ func New(rdb redis.UniversalClient, tag string, opts *Options) (*Client, error) 
 		hashIDs:      opts.HashIDs,
 		onWait:       opts.OnWait,
 		fetchTimeout: opts.FetchTimeout,
+		negTTL:       opts.NegTTL.Truncate(time.Millisecond),
+		staleTTL:     opts.StaleTTL.Truncate(time.Millisecond),
+		resurrectTTL: resurrectTTL.Truncate(time.Millisecond),
+		early:        opts.RefreshAhead.Truncate(time.Millisecond),
+		log:          log,
 		closed:       make(chan struct{}),
 	}
 	if opts.L1Size < 0 {
@@ -201,7 +273,7 @@ func New(rdb redis.UniversalClient, tag string, opts *Options) (*Client, error) 
 	c.calls, c.stopCalls = context.WithCancel(context.Background())
 	c.batch = newBatcher(rdb, &c.stats, &c.wg)
 	c.outage = newOutage(rdb, &c.stats)
-	c.proto = protocol{rdb: rdb, keys: keys, batch: c.batch}
+	c.proto = protocol{rdb: rdb, keys: keys, batch: c.batch, stale: c.staleTTL}
 	return c, nil
 }
 
@@ -267,7 +339,7 @@ func (c *Client) Get(ctx context.Context, id string, fetch FetchFunc) ([]byte, e
 	}
 	f, val, _, err := c.get(ctx, id, fetch, nil)
 	if f != nil {
-		return c.flights.await(ctx, f)
+		val, _, err = c.flights.await(ctx, f)
 	}
 	return val, err
 }
@@ -285,7 +357,7 @@ func (c *Client) GetExternal(ctx context.Context, id string, start StartFunc) ([
 	}
 	f, val, _, err := c.get(ctx, id, nil, start)
 	if f != nil {
-		return c.flights.await(ctx, f)
+		val, _, err = c.flights.await(ctx, f)
 	}
 	return val, err
 }
@@ -335,10 +407,18 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 	// This caller cannot leave, so the first lookup runs on its goroutine
 	// and a hit costs no goroutine.
 	a := c.lookup(ctx, f)
-	if a.err == nil && a.r.kind == replyHit {
+	if a.err == nil && (a.r.kind == replyHit || a.r.kind == replyRefresh) {
 		c.stats.hits.Add(1)
-		c.flights.finish(f, a.r.value, nil, ServedRedis)
-		if c.l1 != nil && f.l1.ok {
+		served := ServedRedis
+		if a.r.stale {
+			served = ServedStale
+			c.stats.stale.Add(1)
+		}
+		c.flights.finish(f, a.r.value, nil, served)
+		if a.r.kind == replyRefresh {
+			c.refresh(f, ctx)
+		}
+		if c.l1 != nil && f.l1.ok && served == ServedRedis && a.r.kind == replyHit {
 			go func() {
 				defer c.wg.Done() // the flight's, kept for this
 				c.promoteFromRedis(key, a.r.value, f.l1)
@@ -346,7 +426,7 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 		} else {
 			c.wg.Done()
 		}
-		return nil, a.r.value, ServedRedis, nil
+		return nil, a.r.value, served, nil
 	}
 	c.flights.launch(f, ctx)
 	go c.resolve(f, &a)
@@ -367,7 +447,11 @@ func (c *Client) lookup(ctx context.Context, f *flight) attempt {
 	if err := c.outage.err(); err != nil {
 		return attempt{err: err}
 	}
-	r, err := c.proto.acquire(ctx, f.key, f.token, c.lockTTL)
+	early := c.early
+	if f.fetch == nil || f.batched {
+		early = 0 // only Get refreshes ahead: see refresh
+	}
+	r, err := c.proto.acquire(ctx, f.key, f.token, c.lockTTL, early)
 	if err != nil {
 		c.outage.report(err)
 		return attempt{err: err, sent: mayHaveRun(err)}
@@ -386,7 +470,10 @@ func (c *Client) resolve(f *flight, first *attempt) {
 	w.end()
 	// A value that came while waiting was just stored by its holder,
 	// whose write invalidates it: promoting it would be a wasted round trip.
-	if c.l1 != nil && err == nil && w.served == ServedRedis {
+	// A value being refreshed is about to change.
+	if w.refresh {
+		c.refresh(f, f.ctx)
+	} else if c.l1 != nil && err == nil && w.served == ServedRedis {
 		c.promoteFromRedis(f.key, val, f.l1)
 	}
 }
@@ -406,9 +493,14 @@ func (c *Client) pursue(f *flight, w *wait, a *attempt) ([]byte, error) {
 			return c.lookupFailed(f, err)
 		}
 		switch {
-		case r.kind == replyHit:
+		case r.kind == replyHit || r.kind == replyRefresh:
+			w.stale = r.stale
+			w.refresh = r.kind == replyRefresh
 			n := w.value(r.value)
 			return n.val, n.err
+		case r.kind == replyNotFound:
+			w.value(nil) // served as a value would have been
+			return nil, c.notFound(f)
 		case r.kind == replyLocked && f.start == nil:
 			w.takeover()
 			w.end() // our own value needs no notification
@@ -435,6 +527,12 @@ func (c *Client) pursue(f *flight, w *wait, a *attempt) ([]byte, error) {
 			return n.val, n.err
 		}
 	}
+}
+
+// notFound is the error for an id whose fetch found nothing.
+func (c *Client) notFound(f *flight) error {
+	c.stats.notFound.Add(1)
+	return fmt.Errorf("%w: id %s", ErrNotFound, quote(f.id))
 }
 
 // lookupFailed ends a flight whose lookup failed.

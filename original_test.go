@@ -275,7 +275,7 @@ func TestStoreScript_ZeroLingerDeletesTheLock(t *testing.T) {
 	b := realBackend(t)
 	raw := rawClient(t, b.addr)
 	raw.Set(bg(), "z/lock:k", "tok", time.Minute)
-	n, err := raw.Eval(bg(), storeSrc, []string{"z:k", "z/lock:k"}, "tok", "v", "0", "z/notif:k", "z/lock-event:k", "0").Int()
+	n, err := raw.Eval(bg(), storeSrc, []string{"z:k", "z/lock:k", "z/lock-notfound:k", "z/lock-stale:k"}, "tok", "v", "0", "z/notif:k", "z/lock-event:k", "0").Int()
 	if err != nil || n != 1 {
 		t.Fatalf("store = %d, %v", n, err)
 	}

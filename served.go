@@ -1,6 +1,9 @@
 package memolock
 
-import "context"
+import (
+	"context"
+	"errors"
+)
 
 // Served tells how a Get was answered.
 type Served uint8
@@ -16,6 +19,9 @@ const (
 	// ServedWaited: the value came from a holder elsewhere, pushed while
 	// this process waited, or found in Redis after waiting.
 	ServedWaited
+	// ServedStale: the value is a stale copy, kept past its TTL, served
+	// because fetch failed or the wait for it ended (Options.StaleTTL).
+	ServedStale
 )
 
 func (s Served) String() string {
@@ -28,6 +34,8 @@ func (s Served) String() string {
 		return "computed"
 	case ServedWaited:
 		return "waited"
+	case ServedStale:
+		return "stale"
 	}
 	return "none"
 }
@@ -40,21 +48,21 @@ type Result struct {
 
 // GetResult is Get that also reports how the value was served. Callers
 // that joined a flight of this process get the flight's answer: a value
-// this process computed is ServedComputed for all of them.
+// this process computed is ServedComputed for all of them. An error
+// matching ErrNotFound comes with how that answer was served.
 func (c *Client) GetResult(ctx context.Context, id string, fetch FetchFunc) (Result, error) {
 	if fetch == nil {
 		return Result{}, errNilFetch
 	}
 	f, val, served, err := c.get(ctx, id, fetch, nil)
-	if f == nil {
-		if err != nil {
-			return Result{}, err
-		}
-		return Result{Value: val, Served: served}, nil
+	if f != nil {
+		val, served, err = c.flights.await(ctx, f)
 	}
-	val, err = c.flights.await(ctx, f)
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return Result{Served: served}, err
+	case err != nil:
 		return Result{}, err
 	}
-	return Result{Value: val, Served: f.served}, nil
+	return Result{Value: val, Served: served}, nil
 }

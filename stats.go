@@ -18,6 +18,9 @@ type counters struct {
 	failOpen      atomic.Int64
 	batched       atomic.Int64
 	outages       atomic.Int64
+	notFound      atomic.Int64
+	stale         atomic.Int64
+	refreshes     atomic.Int64
 
 	subscribes   atomic.Int64
 	unsubscribes atomic.Int64
@@ -44,6 +47,9 @@ type Stats struct {
 	FailOpen      int64 // fetches run without a lock because Redis failed (Options.FailOpen)
 	Batched       int64 // lookups sent in one pipeline with others, under load
 	Outages       int64 // times Redis was found unreachable; each ends when a probe PING is answered
+	NotFound      int64 // flights answered "not found" (Options.NegTTL), computed here, cached or received
+	Stale         int64 // calls answered with a stale value (Options.StaleTTL)
+	Refreshes     int64 // values refreshed ahead of expiry by this process (Options.RefreshAhead)
 
 	Subscribes   int64 // SUBSCRIBE commands sent
 	Unsubscribes int64 // UNSUBSCRIBE commands sent
@@ -67,6 +73,9 @@ func (s *counters) snapshot() Stats {
 		FailOpen:      s.failOpen.Load(),
 		Batched:       s.batched.Load(),
 		Outages:       s.outages.Load(),
+		NotFound:      s.notFound.Load(),
+		Stale:         s.stale.Load(),
+		Refreshes:     s.refreshes.Load(),
 		Subscribes:    s.subscribes.Load(),
 		Unsubscribes:  s.unsubscribes.Load(),
 		Pings:         s.pings.Load(),

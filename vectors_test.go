@@ -65,6 +65,9 @@ type keyVector struct {
 	Lock    []byte `json:"lock_b64"`
 	Notif   []byte `json:"notif_b64"`
 	Events  []byte `json:"events_b64"`
+	// NotFound and Stale are the side keys of Options.NegTTL and StaleTTL.
+	NotFound []byte `json:"not_found_b64"`
+	Stale    []byte `json:"stale_b64"`
 }
 
 type hashVector struct {
@@ -132,11 +135,14 @@ var (
 		{"fail of 4097 bytes", eventFail, strings.Repeat("y", 4097)},
 		{"fail of stray continuation bytes", eventFail, strings.Repeat("\x80", 5000)},
 		{"abandon", eventAbandon, ""},
+		{"notfound", eventNotFound, ""},
+		{"stale", eventStale, ""},
 	}
 	vectorHosts = []string{"build-7", "web01.example.com", "my_host", "héllo wörld", "box🦀", "a:b/c@d", "", "h\xffst"}
 	vectorTags  = []string{"likes", "app:likes", "a/b", "ünï", "", "a/lock", "a/locks", "x/notif", "a/lock-event", "/notif"}
 	vectorParse = []string{"fail\ntok\nmsg", "fail\ntok\nmsg\nwith\nlines", "abandon\ntok\n", "abandon\ntok",
-		"fail\ntok\n", "fail\ntok", "fail", "", "future-kind\ntok\nwhatever", "fail\n\nno token"}
+		"fail\ntok\n", "fail\ntok", "fail", "", "future-kind\ntok\nwhatever", "fail\n\nno token",
+		"notfound\ntok\n", "stale\ntok\n"}
 	vectorJSON = []struct{ name, value string }{
 		{"string", `"hello"`},
 		{"HTML characters", `"<a href=\"x\">Tom & Jerry</a>"`},
@@ -171,6 +177,7 @@ func buildVectors(t *testing.T) vectors {
 		Scripts: map[string]scriptVector{
 			"acquire": {scriptSHA1(acquireSrc)}, "store": {scriptSHA1(storeSrc)},
 			"release": {scriptSHA1(releaseSrc)}, "renew": {scriptSHA1(renewSrc)},
+			"not_found": {scriptSHA1(notFoundSrc)},
 		},
 		LingerMS:     lockLinger.Milliseconds(),
 		MaxEventText: maxEventText,
@@ -193,7 +200,8 @@ func buildVectors(t *testing.T) vectors {
 			id = HashID(id)
 		}
 		v.Keys = append(v.Keys, keyVector{Name: k.name, Tag: k.tag, ID: []byte(k.id), HashIDs: k.hashed,
-			Value: []byte(ks.Value(id)), Lock: []byte(ks.Lock(id)), Notif: []byte(ks.Notif(id)), Events: []byte(ks.Events(id))})
+			Value: []byte(ks.Value(id)), Lock: []byte(ks.Lock(id)), Notif: []byte(ks.Notif(id)), Events: []byte(ks.Events(id)),
+			NotFound: []byte(ks.NotFound(id)), Stale: []byte(ks.Stale(id))})
 	}
 	for _, k := range vectorKeys {
 		if k.hashed {
@@ -201,7 +209,7 @@ func buildVectors(t *testing.T) vectors {
 		}
 	}
 	for _, e := range vectorEvents {
-		payload := abandonEvent(vectorToken)
+		payload := e.kind + "\n" + vectorToken + "\n"
 		if e.kind == eventFail {
 			payload = failEvent(vectorToken, errors.New(e.message))
 		}

@@ -23,6 +23,10 @@ type wait struct {
 	waited bool        // counted in Stats.Waits
 	own    atomic.Bool // the lock is the flight's own (external-producer mode)
 	served Served      // how the value came, for the flight's callers
+	stale  bool        // the value looked up was flagged stale
+	// refresh is set when the lookup took the lock to refresh the value
+	// it found: resolve starts the refresh once the callers have it.
+	refresh bool
 
 	// maybeLocked is set when a lookup failed after it may have taken the
 	// lock: end releases the flight's token.
@@ -73,6 +77,10 @@ func (w *wait) busy(r reply) {
 		w.waited = true
 		w.c.stats.waits.Add(1)
 	}
+	if r.value != nil {
+		v := r.value
+		w.f.stale.Store(&v) // for callers that give up waiting
+	}
 	if w.w == nil {
 		w.w = w.c.sub.watch(w.onValue, w.c.keys.Notif(w.f.key), w.c.keys.Events(w.f.key))
 	}
@@ -119,7 +127,12 @@ func (w *wait) onEvents(ev events) (next, bool) {
 		switch kind {
 		case eventFail:
 			return w.onFail(text), true
-		case eventAbandon:
+		case eventNotFound:
+			w.value(nil) // counted and served as a value would have been
+			return next{err: w.c.notFound(w.f)}, true
+		default:
+			// abandon, stale (the holder put a stale value back), or a
+			// kind this version does not know: look.
 			return w.again(), true
 		}
 	}
@@ -138,7 +151,15 @@ func (w *wait) onFail(text string) next {
 		// out, the lock must go.
 		w.release("")
 	}
-	return next{err: fmt.Errorf("%w: %s", ErrHolderFailed, text)}
+	err := fmt.Errorf("%w: %s", ErrHolderFailed, text)
+	if s := w.f.stale.Load(); s != nil {
+		w.c.log.Warn("memolock: the holder's fetch failed; serving a stale value",
+			"tag", w.c.keys.Tag(), "id", w.f.id, "error", err)
+		w.served = ServedStale
+		w.c.stats.stale.Add(1)
+		return next{val: *s}
+	}
+	return next{err: err}
 }
 
 // onExpiry handles the holder's lock expiring without news.
@@ -161,6 +182,9 @@ func (w *wait) value(v []byte) next {
 	switch {
 	case w.own.Load():
 		w.served = ServedComputed // the external work this flight started
+	case w.stale:
+		w.served = ServedStale
+		w.c.stats.stale.Add(1)
 	case w.waited:
 		w.served = ServedWaited
 	default:

@@ -1,5 +1,7 @@
 // memolock run: memoizes a command's standard output through Redis, with
-// the semantics and exit codes of the Go CLI (cmd/memolock/runcmd.go).
+// the semantics and exit codes of the Go CLI (cmd/memolock/runcmd.go), plus
+// one of its own: 3 when the id is recorded as "not found" (a library
+// client's fetch found nothing for it; Go's run exits 1 then).
 //
 //   memolock.exe run --tag T --id ID --ttl D [--redis URL] [--lock-ttl D] [--wait D] -- CMD [ARGS...]
 using System;
@@ -14,7 +16,7 @@ namespace MemoLockCli
 {
     static class Program
     {
-        const int ExitFailure = 1, ExitUsage = 2, ExitWaitLimit = 124, ExitSignalBase = 128;
+        const int ExitFailure = 1, ExitUsage = 2, ExitNoValue = 3, ExitWaitLimit = 124, ExitSignalBase = 128;
         const string DefaultRedisUrl = "redis://127.0.0.1:6379";
         const string Usage = "usage:\n  memolock run --tag T --id ID --ttl D [--redis URL] [--lock-ttl D] [--wait D] -- CMD [ARGS...]\n";
 
@@ -155,6 +157,11 @@ namespace MemoLockCli
             var se = err as StartException;
             if (se != null) { stderr.WriteLine("memolock run: " + se.Message); return se.Code; }
             if (err is HolderFailedException) { stderr.WriteLine("memolock run: the command failed where it ran: " + err.Message); return ExitFailure; }
+            if (err is NotFoundException)
+            {
+                stderr.WriteLine("memolock run: not found: " + tag + ":" + id + " has no value (a memolock client's fetch found nothing for it)");
+                return ExitNoValue;
+            }
             if (err is MemoLockTimeoutException)
             {
                 stderr.WriteLine("memolock run: gave up after " + F(started.Elapsed.TotalSeconds) + "s (--wait " + vals["wait"] + "): " + err.Message);

@@ -19,6 +19,19 @@ namespace MemoLockNet
             : base("memolock: the lock holder's fetch failed: " + holderMessage) { HolderMessage = holderMessage; }
     }
 
+    /// <summary>
+    /// The id has no value. fetch throws it (or a subclass) to say so; every
+    /// caller of that flight, here and in other processes, then gets a
+    /// NotFoundException, and with the client's NegTtl Redis remembers it
+    /// (T/lock-notfound:I): a Get in any process throws it at once, without
+    /// calling fetch, until a value is stored. Not a failure (no fail event),
+    /// and not an empty value. The holder's own callers get fetch's exception.
+    /// </summary>
+    public class NotFoundException : MemoLockException
+    {
+        public NotFoundException(string message = "memolock: not found", Exception inner = null) : base(message, inner) { }
+    }
+
     /// <summary>The caller's timeout ran out before the value arrived.</summary>
     public sealed class MemoLockTimeoutException : MemoLockException
     {

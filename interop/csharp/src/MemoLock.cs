@@ -27,6 +27,7 @@ namespace MemoLockNet
         internal readonly Subscriber Sub;
         internal readonly FlightGroup Flights = new FlightGroup();
         internal readonly long LockTtlMs;
+        internal readonly long NegTtlMs;
         readonly bool hashIds;
         readonly Action<string, string> onWait;
 
@@ -45,22 +46,34 @@ namespace MemoLockNet
         /// <param name="lockTtl">how long a lock lives unrenewed (default 10 s; at least 1 ms).</param>
         /// <param name="hashIds">send the lowercase hex SHA-256 of each id instead of the id.</param>
         /// <param name="onWait">called with (id, holder token) when a flight starts waiting on another holder.</param>
-        public MemoLock(IRedisTransport redis, string tag, TimeSpan? lockTtl = null, bool hashIds = false, Action<string, string> onWait = null)
+        /// <param name="negTtl">how long Redis remembers that fetch threw NotFoundException (default
+        /// zero: not at all, the next Get calls fetch again; else at least 1 ms).</param>
+        public MemoLock(IRedisTransport redis, string tag, TimeSpan? lockTtl = null, bool hashIds = false, Action<string, string> onWait = null,
+            TimeSpan? negTtl = null)
         {
             if (redis == null) throw new ArgumentNullException("redis", "memolock: redis transport is null");
             var keys = new KeyScheme(tag);
             TimeSpan ttl = lockTtl ?? DefaultLockTtl;
             if (ttl < TimeSpan.FromMilliseconds(1))
                 throw new ArgumentOutOfRangeException("lockTtl", "memolock: lock TTL " + ttl + " is under 1ms; Redis locks are set in whole milliseconds");
+            TimeSpan neg = negTtl ?? TimeSpan.Zero;
+            if (neg < TimeSpan.Zero)
+                throw new ArgumentOutOfRangeException("negTtl", "memolock: NegTtl " + neg + " is negative; use zero to turn it off");
+            if (neg > TimeSpan.Zero && neg < TimeSpan.FromMilliseconds(1))
+                throw new ArgumentOutOfRangeException("negTtl", "memolock: NegTtl " + neg + " is under 1ms; Redis keeps times in whole milliseconds");
             Rdb = redis;
             Proto = new Protocol(redis, keys);
             Sub = new Subscriber(redis);
             LockTtlMs = (long)ttl.TotalMilliseconds;
+            NegTtlMs = neg.Ticks / TimeSpan.TicksPerMillisecond;
             this.hashIds = hashIds;
             this.onWait = onWait;
         }
 
         public KeyScheme Keys { get { return Proto.Keys; } }
+
+        /// <summary>How long Redis remembers that fetch found nothing (zero: not at all).</summary>
+        public TimeSpan NegTtl { get { return TimeSpan.FromMilliseconds(NegTtlMs); } }
 
         /// <summary>Get calls that joined a flight already running in this process.</summary>
         public long Coalesced { get { return Flights.Coalesced; } }
@@ -74,7 +87,11 @@ namespace MemoLockNet
         /// how long Redis keeps it (TimeSpan.Zero: for ever); everyone else
         /// waits for it. If fetch throws, its exception reaches this process's
         /// callers and other processes' waiters get HolderFailedException with
-        /// its message. With a timeout, a caller gives up with
+        /// its message. If fetch throws NotFoundException (the id has no value),
+        /// its callers get that exception and waiters elsewhere a
+        /// NotFoundException, and Redis remembers it for NegTtl: until then,
+        /// or until a value is stored, Get throws NotFoundException at once.
+        /// With a timeout, a caller gives up with
         /// MemoLockTimeoutException; the flight goes on for other callers.
         /// </summary>
         public byte[] Get(string id, Func<Lease, ValueTuple<byte[], TimeSpan>> fetch, TimeSpan? timeout = null)
@@ -152,6 +169,12 @@ namespace MemoLockNet
                         Exit();
                         return first.R.Value;
                     }
+                    if (first.Err == null && first.R.Kind == ReplyKind.NotFound)
+                    {
+                        Flights.Finish(f, null, NotFoundFor(f));
+                        Exit();
+                        return Await(f, null);
+                    }
                 }
                 var t = new Thread(() => Resolve(f, first)) { IsBackground = true, Name = "memolock-flight" };
                 t.Start();
@@ -226,6 +249,11 @@ namespace MemoLockNet
                 }
                 a = null;
                 if (r.Kind == ReplyKind.Hit) return w.Value(r.Value);
+                if (r.Kind == ReplyKind.NotFound)
+                {
+                    w.Value(null); // ends the wait as a value would (external mode: our lock goes)
+                    return Next.Fail(NotFoundFor(f));
+                }
                 if (r.Kind == ReplyKind.Locked && f.Start == null)
                 {
                     w.Takeover();
@@ -287,6 +315,12 @@ namespace MemoLockNet
                 Release(f, Tokens.AbandonEvent(f.Token), 0);
                 return Next.Fail(new MemoLockClosedException());
             }
+            if (err is NotFoundException)
+            {
+                // Not a failure: no fail event; the callers get fetch's own exception.
+                RecordNotFound(f);
+                return Next.Fail(err);
+            }
             if (err != null)
             {
                 Release(f, Tokens.FailEvent(f.Token, err.Message), 0);
@@ -298,6 +332,16 @@ namespace MemoLockNet
             catch (Exception e) { w.After = () => StoreFailed(f, e); }
             return Next.Value(val);
         }
+
+        /// <summary>Records for NegTtl that fetch found nothing, and tells waiters; if that fails,
+        /// releases the lock with an abandon event so that they look again at once.</summary>
+        void RecordNotFound(Flight f)
+        {
+            try { Proto.NotFound(f.Key, f.Token, NegTtlMs); }
+            catch (Exception) { Release(f, Tokens.AbandonEvent(f.Token), 0); }
+        }
+
+        internal static NotFoundException NotFoundFor(Flight f) { return new NotFoundException("memolock: not found: id \"" + f.Id + "\""); }
 
         /// <summary>Makes f a holder; if every caller left or Close began, hands the lock over instead.</summary>
         bool Take(Flight f)

@@ -1,5 +1,6 @@
-// The whole wire protocol (interop/PROTOCOL.md): the key scheme, the four
-// Lua scripts (byte for byte the text of protocol.go), tokens and events.
+// The whole wire protocol (interop/PROTOCOL.md): the key scheme, the five
+// Lua scripts a peer runs (byte for byte the text of protocol.go), tokens
+// and events.
 using System;
 using System.Collections.Generic;
 using System.Net;
@@ -39,7 +40,8 @@ namespace MemoLockNet
 
     /// <summary>
     /// The keys and channels of one tag: T:I value, T/lock:I lock, T/notif:I
-    /// value channel, T/lock-event:I memolock events.
+    /// value channel, T/lock-event:I memolock events, T/lock-notfound:I a
+    /// cached "not found", T/lock-stale:I a stale copy of the value (Go's StaleTTL).
     /// </summary>
     public sealed class KeyScheme
     {
@@ -67,6 +69,10 @@ namespace MemoLockNet
         public byte[] Lock(byte[] id) { return Join("/lock:", id); }
         public byte[] Notif(byte[] id) { return Join("/notif:", id); }
         public byte[] Events(byte[] id) { return Join("/lock-event:", id); }
+        public byte[] NotFound(byte[] id) { return Join("/lock-notfound:", id); }
+        public byte[] Stale(byte[] id) { return Join("/lock-stale:", id); }
+        /// <summary>The four keys acquire, store and not_found take: value, lock, not-found marker, stale copy.</summary>
+        public byte[][] IdKeys(byte[] id) { return new[] { Value(id), Lock(id), NotFound(id), Stale(id) }; }
 
         /// <summary>The id HashIDs sends: lowercase hex SHA-256 of the id's bytes.</summary>
         public static byte[] HashID(byte[] id)
@@ -87,25 +93,50 @@ namespace MemoLockNet
         }
     }
 
-    /// <summary>The four scripts, copied byte for byte from protocol.go.</summary>
+    /// <summary>The five scripts a peer runs, copied byte for byte from protocol.go
+    /// (Go's publish, resurrect and control scripts are not needed to interoperate).</summary>
     public static class Scripts
     {
-        // KEYS: value, lock. ARGV: token, lock TTL in ms.
-        // Reply: value (bulk) | 1 (integer: locked by us) | {PTTL ms, holder token}.
-        // A done:<token> lock whose value is gone guards nothing: taken over at once.
+        // KEYS: value, lock, not-found marker, stale copy. ARGV: token, lock
+        // TTL in ms (this peer sends neither of Go's optional ARGV[3], the
+        // refresh-ahead window, and ARGV[4], the stale flag).
+        // Reply: value (bulk) | 1 (integer: locked by us) | {marker PTTL}
+        // (a cached "not found") | {PTTL ms, holder token} (busy); only with
+        // ARGV[3]/ARGV[4]: {value, 1|2} and a busy reply's third element.
+        // A done:<token> or stale:<token> lock whose value is gone guards
+        // nothing: taken over at once.
         public static readonly Script Acquire = new Script(
 "local v = redis.call('GET', KEYS[1])\n" +
-"if v then return v end\n" +
+"local early = tonumber(ARGV[3]) or 0\n" +
+"if v then\n" +
+"  if early < 1 and ARGV[4] ~= '1' then return v end\n" +
+"  local h = redis.call('GET', KEYS[2])\n" +
+"  if early >= 1 then\n" +
+"    if h == ARGV[1] then return {v, 1} end\n" +
+"    local left = redis.call('PTTL', KEYS[1])\n" +
+"    if (not h or string.sub(h, 1, 5) == 'done:') and left >= 0 and left < early then\n" +
+"      redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])\n" +
+"      return {v, 1}\n" +
+"    end\n" +
+"  end\n" +
+"  if h and string.sub(h, 1, 6) == 'stale:' then return {v, 2} end\n" +
+"  return v\n" +
+"end\n" +
+"local gone = redis.call('PTTL', KEYS[3])\n" +
+"if gone ~= -2 then return {gone} end\n" +
 "if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end\n" +
 "local holder = redis.call('GET', KEYS[2])\n" +
-"if holder and string.sub(holder, 1, 5) == 'done:' then\n" +
+"if holder and (string.sub(holder, 1, 5) == 'done:' or string.sub(holder, 1, 6) == 'stale:') then\n" +
 "  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])\n" +
 "  return 1\n" +
 "end\n" +
+"if ARGV[4] == '1' then return {redis.call('PTTL', KEYS[2]), holder, redis.call('GET', KEYS[4])} end\n" +
 "return {redis.call('PTTL', KEYS[2]), holder}\n");
 
-        // KEYS: value, lock. ARGV: token, value, value TTL ms (0: none), value
-        // channel, events channel, linger ms (under 1: delete the lock).
+        // KEYS: value, lock, not-found marker, stale copy. ARGV: token, value,
+        // value TTL ms (0: none), value channel, events channel, linger ms
+        // (under 1: delete the lock), and Go's optional stale time (this peer
+        // sends none: a stale copy goes). A cached "not found" goes.
         // Reply: 1 stored, 0 lease lost (abandon published).
         public static readonly Script Store = new Script(
 "if redis.call('GET', KEYS[2]) ~= ARGV[1] then\n" +
@@ -114,18 +145,44 @@ namespace MemoLockNet
 "  return 0\n" +
 "end\n" +
 "local linger = tonumber(ARGV[6]) or 0\n" +
-"if ARGV[3] == '0' then\n" +
+"local ttl = tonumber(ARGV[3])\n" +
+"if ttl == 0 then\n" +
 "  redis.call('SET', KEYS[1], ARGV[2])\n" +
 "else\n" +
-"  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])\n" +
-"  linger = math.min(linger, tonumber(ARGV[3]))\n" +
+"  redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)\n" +
+"  linger = math.min(linger, ttl)\n" +
 "end\n" +
 "if linger >= 1 then\n" +
 "  redis.call('SET', KEYS[2], 'done:' .. ARGV[1], 'PX', linger)\n" +
 "else\n" +
 "  redis.call('DEL', KEYS[2])\n" +
 "end\n" +
+"local stale = tonumber(ARGV[7]) or 0\n" +
+"if stale >= 1 and ttl > 0 then\n" +
+"  redis.call('SET', KEYS[4], ARGV[2], 'PX', ttl + stale)\n" +
+"else\n" +
+"  redis.call('DEL', KEYS[4])\n" +
+"end\n" +
+"redis.call('DEL', KEYS[3])\n" +
 "redis.call('PUBLISH', ARGV[4], ARGV[2])\n" +
+"return 1\n");
+
+        // KEYS: value, lock, not-found marker, stale copy. ARGV: token,
+        // negative TTL ms (0: record nothing), events channel. Deletes the
+        // value, the lock and the stale copy, sets the marker for the negative
+        // TTL, publishes notfound. Reply: 1 done, 0 lease lost (abandon published).
+        public static readonly Script NotFound = new Script(
+"if redis.call('GET', KEYS[2]) ~= ARGV[1] then\n" +
+"  redis.call('PUBLISH', ARGV[3], 'abandon\\n' .. ARGV[1] .. '\\n')\n" +
+"  return 0\n" +
+"end\n" +
+"redis.call('DEL', KEYS[1], KEYS[2], KEYS[4])\n" +
+"if (tonumber(ARGV[2]) or 0) >= 1 then\n" +
+"  redis.call('SET', KEYS[3], '', 'PX', ARGV[2])\n" +
+"else\n" +
+"  redis.call('DEL', KEYS[3])\n" +
+"end\n" +
+"redis.call('PUBLISH', ARGV[3], 'notfound\\n' .. ARGV[1] .. '\\n')\n" +
 "return 1\n");
 
         // KEYS: lock, value. ARGV: token, events channel, event ('' publishes
@@ -162,13 +219,13 @@ namespace MemoLockNet
     }
 
     /// <summary>What acquire answered.</summary>
-    public enum ReplyKind { Hit, Locked, Busy }
+    public enum ReplyKind { Hit, Locked, Busy, NotFound }
 
     public struct AcquireReply
     {
         public ReplyKind Kind;
         public byte[] Value;   // Hit
-        public long Pttl;      // Busy, or Locked when found already ours; -1: no expiry
+        public long Pttl;      // Busy, or Locked when found already ours, or NotFound (the marker's); -1: no expiry
         public string Holder;  // Busy: the holder's token (Latin1 of its bytes)
 
         /// <summary>Decodes the raw reply; replies stay raw: a bulk "1" is a value, the integer 1 is the lock.</summary>
@@ -177,7 +234,18 @@ namespace MemoLockNet
             if (res is byte[]) return new AcquireReply { Kind = ReplyKind.Hit, Value = (byte[])res };
             if (res is long && (long)res == 1) return new AcquireReply { Kind = ReplyKind.Locked, Pttl = -1 };
             var a = res as object[];
-            if (a != null && a.Length == 2 && a[0] is long)
+            // {pttl}: a cached "not found", for pttl ms more.
+            if (a != null && a.Length == 1 && a[0] is long) return new AcquireReply { Kind = ReplyKind.NotFound, Pttl = (long)a[0] };
+            // {value, 1}: a hit with the lock taken for a refresh ahead of
+            // expiry; {value, 2}: a hit flagged stale. Only Go's optional
+            // ARGV[3]/ARGV[4] ask for them, and this peer sends neither;
+            // should one come anyway, it is a plain hit (for 1, the lock it
+            // took stays until its TTL, guarding a value that is there).
+            if (a != null && a.Length == 2 && a[0] is byte[] && a[1] is long && ((long)a[1] == 1 || (long)a[1] == 2))
+                return new AcquireReply { Kind = ReplyKind.Hit, Value = (byte[])a[0] };
+            // {pttl, holder[, stale copy]}: the third element comes only with
+            // Go's stale flag (ARGV[4]), which this peer never sends; ignored.
+            if (a != null && a.Length >= 2 && a[0] is long)
             {
                 long pttl = (long)a[0];
                 var holder = a[1] as byte[];
@@ -246,7 +314,14 @@ namespace MemoLockNet
 
         public const int MaxEventText = 4096;
 
-        public static byte[] AbandonEvent(string token) { return Bytes.Concat(Bytes.Utf8.GetBytes("abandon\n"), Bytes.FromLatin1(token), new byte[] { 10 }); }
+        /// <summary>Event kinds on T/lock-event:I. A waiter fails on fail (HolderFailedException)
+        /// and notfound (NotFoundException), and looks again on abandon, stale and any other kind.</summary>
+        public const string EventFail = "fail", EventAbandon = "abandon", EventNotFound = "notfound", EventStale = "stale";
+
+        /// <summary>An event without text: "&lt;kind&gt;\n&lt;token&gt;\n".</summary>
+        public static byte[] Event(string kind, string token) { return Bytes.Concat(Bytes.Utf8.GetBytes(kind + "\n"), Bytes.FromLatin1(token), new byte[] { 10 }); }
+
+        public static byte[] AbandonEvent(string token) { return Event(EventAbandon, token); }
 
         /// <summary>"fail\n&lt;token&gt;\n&lt;first line of message, at most 4096 bytes cut at a UTF-8 boundary&gt;".</summary>
         public static byte[] FailEvent(string token, string message) { return FailEvent(token, Bytes.Utf8.GetBytes(message ?? "")); }
@@ -296,7 +371,7 @@ namespace MemoLockNet
         public AcquireReply Acquire(byte[] id, string token, long lockTtlMs)
         {
             var r = AcquireReply.Decode(rdb.Eval(Scripts.Acquire.Source, Scripts.Acquire.Sha1,
-                new[] { Keys.Value(id), Keys.Lock(id) }, new object[] { Bytes.FromLatin1(token), Ms(lockTtlMs) }));
+                Keys.IdKeys(id), new object[] { Bytes.FromLatin1(token), Ms(lockTtlMs) }));
             if (r.Kind == ReplyKind.Busy && r.Holder == token) r.Kind = ReplyKind.Locked;
             return r;
         }
@@ -304,8 +379,17 @@ namespace MemoLockNet
         /// <summary>Runs store; false: the lease was lost (the script told waiters).</summary>
         public bool Store(byte[] id, string token, byte[] val, long ttlMs)
         {
-            var n = rdb.Eval(Scripts.Store.Source, Scripts.Store.Sha1, new[] { Keys.Value(id), Keys.Lock(id) },
+            var n = rdb.Eval(Scripts.Store.Source, Scripts.Store.Sha1, Keys.IdKeys(id),
                 new object[] { Bytes.FromLatin1(token), val, Ms(ttlMs), Keys.Notif(id), Keys.Events(id), Ms(Scripts.LingerMs) });
+            return n is long && (long)n == 1;
+        }
+
+        /// <summary>Runs not_found: fetch found nothing, recorded for negTtlMs (0: not at all);
+        /// waiters get a notfound event. False: the lease was lost (the script told waiters).</summary>
+        public bool NotFound(byte[] id, string token, long negTtlMs)
+        {
+            var n = rdb.Eval(Scripts.NotFound.Source, Scripts.NotFound.Sha1, Keys.IdKeys(id),
+                new object[] { Bytes.FromLatin1(token), Ms(negTtlMs), Keys.Events(id) });
             return n is long && (long)n == 1;
         }
 

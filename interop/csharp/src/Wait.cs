@@ -86,13 +86,22 @@ namespace MemoLockNet
                 string kind, token, text;
                 Tokens.ParseEvent(m.Value, out kind, out token, out text);
                 if (token != holder) continue; // about an earlier holder
-                if (kind == "fail")
+                if (kind == Tokens.EventFail)
                 {
                     if (own) Release(new byte[0]); // our external producer failed: the lock must go
                     n = Next.Fail(new HolderFailedException(text));
                     return true;
                 }
-                if (kind == "abandon") { n = Next.LookAgain; return true; }
+                if (kind == Tokens.EventNotFound)
+                {
+                    Value(null); // ends the wait as a value would
+                    n = Next.Fail(MemoLock.NotFoundFor(f));
+                    return true;
+                }
+                // abandon, stale (the holder put a stale value back), or a
+                // kind this version does not know: look again.
+                n = Next.LookAgain;
+                return true;
             }
             if (ev.Reread) { n = Next.LookAgain; return true; } // live now: whatever came before is lost
             return false;

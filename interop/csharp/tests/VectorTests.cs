@@ -29,7 +29,9 @@ namespace MemoLockTests
         static void Vectors_Scripts()
         {
             var s = (Dictionary<string, object>)Vectors()["scripts"];
-            foreach (var kv in new Dictionary<string, Script> { { "acquire", Scripts.Acquire }, { "store", Scripts.Store }, { "release", Scripts.Release }, { "renew", Scripts.Renew } })
+            var ours = new Dictionary<string, Script> { { "acquire", Scripts.Acquire }, { "store", Scripts.Store }, { "release", Scripts.Release }, { "renew", Scripts.Renew }, { "not_found", Scripts.NotFound } };
+            Assert.Equal(string.Join(",", s.Keys.OrderBy(k => k, StringComparer.Ordinal)), string.Join(",", ours.Keys.OrderBy(k => k, StringComparer.Ordinal)), "the scripts in vectors.json");
+            foreach (var kv in ours)
                 Assert.Equal((string)((Dictionary<string, object>)s[kv.Key])["sha1"], kv.Value.Sha1, kv.Key + " sha1");
             Assert.Equal(Convert.ToInt64(Vectors()["linger_ms"]), Scripts.LingerMs, "linger_ms");
             Assert.Equal(Convert.ToInt32(Vectors()["max_event_text"]), Tokens.MaxEventText, "max_event_text");
@@ -48,6 +50,14 @@ namespace MemoLockTests
                 Assert.Bytes(B64(k["lock_b64"]), ks.Lock(id), n + ": lock key");
                 Assert.Bytes(B64(k["notif_b64"]), ks.Notif(id), n + ": notif channel");
                 Assert.Bytes(B64(k["events_b64"]), ks.Events(id), n + ": events channel");
+                Assert.Bytes(B64(k["not_found_b64"]), ks.NotFound(id), n + ": not-found marker key");
+                Assert.Bytes(B64(k["stale_b64"]), ks.Stale(id), n + ": stale copy key");
+                var four = ks.IdKeys(id);
+                Assert.Equal(4, four.Length, n + ": IdKeys");
+                Assert.Bytes(ks.Value(id), four[0], n + ": IdKeys[0]");
+                Assert.Bytes(ks.Lock(id), four[1], n + ": IdKeys[1]");
+                Assert.Bytes(ks.NotFound(id), four[2], n + ": IdKeys[2]");
+                Assert.Bytes(ks.Stale(id), four[3], n + ": IdKeys[3]");
             }
             if (Vectors().ContainsKey("hashed_ids"))
                 foreach (var h in List("hashed_ids"))
@@ -69,14 +79,23 @@ namespace MemoLockTests
         [Test]
         static void Vectors_Events()
         {
+            var kinds = new HashSet<string>();
             foreach (var e in List("events"))
             {
-                string token = (string)e["token"];
-                byte[] got = (string)e["kind"] == "fail"
-                    ? Tokens.FailEvent(token, B64(e["message_b64"]))
-                    : Tokens.AbandonEvent(token);
+                string token = (string)e["token"], kind = (string)e["kind"];
+                kinds.Add(kind);
+                byte[] got;
+                if (kind == Tokens.EventFail) got = Tokens.FailEvent(token, B64(e["message_b64"]));
+                else if (kind == Tokens.EventAbandon) got = Tokens.AbandonEvent(token);
+                else
+                {
+                    Assert.True(kind == Tokens.EventNotFound || kind == Tokens.EventStale, "known event kind " + kind);
+                    Assert.Equal(0, B64(e["message_b64"]).Length, (string)e["name"] + ": no message");
+                    got = Tokens.Event(kind, token);
+                }
                 Assert.Bytes(B64(e["payload_b64"]), got, (string)e["name"]);
             }
+            foreach (var k in new[] { "fail", "abandon", "notfound", "stale" }) Assert.True(kinds.Contains(k), "vectors have a " + k + " event");
         }
 
         [Test]

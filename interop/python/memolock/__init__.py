@@ -4,13 +4,13 @@ The Python peer of the Go reference implementation; see interop/PROTOCOL.md.
 """
 
 from .client import Client, Lease
-from .errors import (Abandoned, Closed, HolderFailed, InvalidArgument, LeaseLost, MemolockError, RedisError,
-                     Timeout)
+from .errors import (Abandoned, Closed, HolderFailed, InvalidArgument, LeaseLost, MemolockError, NotFound,
+                     RedisError, Timeout)
 from .protocol import KeyScheme, hash_id
 from . import gojson
 
 __all__ = ["Client", "AsyncClient", "Lease", "AsyncLease", "KeyScheme", "hash_id", "gojson", "MemolockError",
-           "InvalidArgument", "Closed", "Timeout", "LeaseLost", "RedisError", "HolderFailed", "Abandoned"]
+           "InvalidArgument", "Closed", "Timeout", "LeaseLost", "RedisError", "HolderFailed", "NotFound", "Abandoned"]
 
 
 def __getattr__(name):

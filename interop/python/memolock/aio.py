@@ -16,8 +16,8 @@ import redis
 import redis.asyncio  # noqa: F401
 
 from . import protocol as P
-from .client import check_redis
-from .errors import Abandoned, Closed, HolderFailed, InvalidArgument, LeaseLost, RedisError, Timeout
+from .client import _not_found_error, check_redis
+from .errors import Abandoned, Closed, HolderFailed, InvalidArgument, LeaseLost, NotFound, RedisError, Timeout
 from .subscriber import DEFAULT_HEALTH, MAX_BACKOFF, SOCKET_TIMEOUT, SubState, connection_kwargs
 
 _AGAIN = object()
@@ -248,12 +248,13 @@ async def _call(c, fn, *args):
 class AsyncClient:
     """The asyncio Client: `await client.get(id, fetch)`. See Client."""
 
-    def __init__(self, redis_client, tag, lock_ttl=P.DEFAULT_LOCK_TTL, hash_ids=False, on_wait=None):
+    def __init__(self, redis_client, tag, lock_ttl=P.DEFAULT_LOCK_TTL, hash_ids=False, on_wait=None, neg_ttl=0):
         check_redis(redis_client, "redis.asyncio.Redis")
         self._rdb = redis_client
         self.keys = P.KeyScheme(tag)
         self.lock_ttl_ms = P.duration_ms(lock_ttl, "lock_ttl", allow_zero=False)
         self.lock_ttl = self.lock_ttl_ms / 1000
+        self.neg_ttl_ms = P.optional_ms(neg_ttl, "neg_ttl")
         self.hash_ids = bool(hash_ids)
         self._on_wait = on_wait
         self._scripts = {name: redis_client.register_script(src) for name, src in P.SCRIPTS.items()}
@@ -404,6 +405,9 @@ class AsyncClient:
             r = await self._acquire(f, w)
             if r.kind == P.HIT:
                 return await w.value(r.value)
+            if r.kind == P.NOT_FOUND:
+                await w.value(None)  # ends the wait as a value would (external mode: our lock goes)
+                raise _not_found_error(f)
             if r.kind == P.LOCKED and f.start is None:
                 await w.end()
                 return await self._hold(f, r.pttl)
@@ -420,7 +424,7 @@ class AsyncClient:
                 return n
 
     async def _acquire(self, f, w):
-        keys = [self.keys.value(f.key), self.keys.lock(f.key)]
+        keys = self.keys.id_keys(f.key)
         try:
             res = await self._scripts["acquire"](keys=keys, args=[f.token, self.lock_ttl_ms])
         except redis.exceptions.ResponseError as e:
@@ -449,12 +453,21 @@ class AsyncClient:
             raise RedisError(f"memolock: redis: renewing lock {P.quote(self.keys.lock(key))}: {e}") from e
 
     async def _store(self, f, val, ttl_ms):
-        keys = [self.keys.value(f.key), self.keys.lock(f.key)]
+        keys = self.keys.id_keys(f.key)
         try:
+            # No ARGV[7] (Go's StaleTTL): the script drops any stale copy.
             return await self._scripts["store"](keys=keys, args=[
                 f.token, val, ttl_ms, self.keys.notif(f.key), self.keys.events(f.key), P.LINGER_MS]) == 1
         except Exception as e:
             raise RedisError(f"memolock: redis: storing {P.quote(keys[0])}: {e}") from e
+
+    async def _not_found(self, f):
+        """See Client._not_found."""
+        keys = self.keys.id_keys(f.key)
+        try:
+            await self._scripts["not_found"](keys=keys, args=[f.token, self.neg_ttl_ms, self.keys.events(f.key)])
+        except Exception:
+            await self._release(f, P.abandon_event(f.token))
 
     async def _hold(self, f, pttl):
         if not self._hold_state(f):
@@ -484,6 +497,10 @@ class AsyncClient:
             await self._release(f, P.abandon_event(f.token))
             if isinstance(err, (Exception, asyncio.CancelledError)) and self._closing.is_set():
                 raise Closed("memolock: client closed") from err
+            raise err
+        if isinstance(err, NotFound):
+            # Not a failure: no fail event; the callers get fetch's NotFound.
+            await self._not_found(f)
             raise err
         if err is not None:
             await self._release(f, P.fail_event(f.token, err))
@@ -574,8 +591,12 @@ class _AsyncWait:
                         self.own = False
                         await self.c._release(f, b"")
                     raise HolderFailed(text)
-                if kind == P.EVENT_ABANDON:
-                    return _AGAIN
+                if kind == P.EVENT_NOTFOUND:
+                    await self.value(None)
+                    raise _not_found_error(f)
+                # abandon, stale (the holder put a stale value back), or a
+                # kind this version does not know: look again.
+                return _AGAIN
             if ev.reread:
                 return _AGAIN
             left = self.deadline - time.monotonic()

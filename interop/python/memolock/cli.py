@@ -4,7 +4,9 @@ Same flags, semantics and exit codes as the Go `memolock run`
 (cmd/memolock/runcmd.go): the command's stdout is the value; the invocation
 that ran a failing command passes its output and status through and waiters
 fail at once; 124 when --wait runs out; 126/127 cannot execute / not found;
-128+N for signals; 2 for bad usage; 1 for other errors.
+128+N for signals; 2 for bad usage; 1 for other errors. One addition: 3
+when the id is recorded as "not found" (memolock.NotFound, from a library
+client elsewhere whose fetch found nothing); Go's run exits 1 then.
 """
 
 import ctypes
@@ -22,10 +24,12 @@ import redis
 
 from .client import Client
 from .durations import parse_duration_ns
-from .errors import Closed, HolderFailed, Timeout
+from .errors import Closed, HolderFailed, NotFound, Timeout
 from .protocol import DEFAULT_LOCK_TTL
 
 EXIT_FAILURE, EXIT_USAGE, EXIT_WAIT_LIMIT, EXIT_CANNOT_EXEC, EXIT_NOT_FOUND, EXIT_SIGNAL_BASE = 1, 2, 124, 126, 127, 128
+#: The id has no value (memolock.NotFound): a peer-only addition, Go exits 1.
+EXIT_NO_VALUE = 3
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
 KILL_GRACE = 2.0
 #: Bound on one Redis reply (go-redis's default ReadTimeout).
@@ -479,6 +483,10 @@ def run(args, stdout=None, stderr=None):
     if isinstance(err, HolderFailed):
         print(f"memolock run: the command failed where it ran: {err}", file=stderr)
         return EXIT_FAILURE
+    if isinstance(err, NotFound):
+        print(f"memolock run: not found: {tag}:{id} has no value (a memolock client's fetch found nothing for it)",
+              file=stderr)
+        return EXIT_NO_VALUE
     if isinstance(err, Timeout):
         print(f"memolock run: gave up after {wait / 1e9}s (--wait): {err}", file=stderr)
         return EXIT_WAIT_LIMIT

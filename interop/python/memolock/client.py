@@ -13,7 +13,7 @@ import time
 import redis
 
 from . import protocol as P
-from .errors import Abandoned, Closed, HolderFailed, InvalidArgument, LeaseLost, RedisError, Timeout
+from .errors import Abandoned, Closed, HolderFailed, InvalidArgument, LeaseLost, NotFound, RedisError, Timeout
 from .subscriber import Subscriber
 
 _local = threading.local()  # .callback is set while a user function runs
@@ -91,14 +91,17 @@ class Client:
     lock_ttl: seconds a lock lives unrenewed (how long waiters wait for a
     holder that died). hash_ids: send sha256(id) hex instead of the id.
     on_wait(id, holder_token): called when a flight starts waiting.
+    neg_ttl: seconds Redis remembers that fetch raised NotFound (0, the
+    default: not at all, and the next get() calls fetch again).
     """
 
-    def __init__(self, redis_client, tag, lock_ttl=P.DEFAULT_LOCK_TTL, hash_ids=False, on_wait=None):
+    def __init__(self, redis_client, tag, lock_ttl=P.DEFAULT_LOCK_TTL, hash_ids=False, on_wait=None, neg_ttl=0):
         check_redis(redis_client, "redis.Redis")
         self._rdb = redis_client
         self.keys = P.KeyScheme(tag)
         self.lock_ttl_ms = P.duration_ms(lock_ttl, "lock_ttl", allow_zero=False)
         self.lock_ttl = self.lock_ttl_ms / 1000
+        self.neg_ttl_ms = P.optional_ms(neg_ttl, "neg_ttl")
         self.hash_ids = bool(hash_ids)
         self._on_wait = on_wait
         self._scripts = {name: redis_client.register_script(src) for name, src in P.SCRIPTS.items()}
@@ -124,8 +127,11 @@ class Client:
         """Returns the value of id (bytes). On a miss exactly one caller
         across all processes runs fetch(lease) -> (bytes, ttl_seconds), ttl 0
         keeping the value for ever, and stores it; everybody else waits.
+        fetch raises NotFound if the id has no value: every caller, here and
+        elsewhere, then gets NotFound, remembered for neg_ttl.
         Raises what fetch raised (in this process), HolderFailed (a holder
-        elsewhere failed), Timeout, Closed, RedisError, or ValueError."""
+        elsewhere failed), NotFound (fetch found nothing, here or elsewhere,
+        or Redis remembers so), Timeout, Closed, RedisError, or ValueError."""
         if not callable(fetch):
             raise InvalidArgument("fetch must be callable")
         return self._get(id, fetch, None, timeout)
@@ -260,6 +266,9 @@ class Client:
             r = self._acquire(f, w)
             if r.kind == P.HIT:
                 return w.value(r.value)
+            if r.kind == P.NOT_FOUND:
+                w.value(None)  # ends the wait as a value would (external mode: our lock goes)
+                raise _not_found_error(f)
             if r.kind == P.LOCKED and f.start is None:
                 w.end()
                 return self._hold(f, r.pttl)
@@ -278,7 +287,7 @@ class Client:
     # --- Redis calls -----------------------------------------------------
 
     def _acquire(self, f, w):
-        keys = [self.keys.value(f.key), self.keys.lock(f.key)]
+        keys = self.keys.id_keys(f.key)
         try:
             res = self._scripts["acquire"](keys=keys, args=[f.token, self.lock_ttl_ms])
         except redis.exceptions.ResponseError as e:
@@ -308,12 +317,22 @@ class Client:
             raise RedisError(f"memolock: redis: renewing lock {P.quote(self.keys.lock(key))}: {e}") from e
 
     def _store(self, f, val, ttl_ms):
-        keys = [self.keys.value(f.key), self.keys.lock(f.key)]
+        keys = self.keys.id_keys(f.key)
         try:
+            # No ARGV[7] (Go's StaleTTL): the script drops any stale copy.
             return self._scripts["store"](keys=keys, args=[
                 f.token, val, ttl_ms, self.keys.notif(f.key), self.keys.events(f.key), P.LINGER_MS]) == 1
         except Exception as e:
             raise RedisError(f"memolock: redis: storing {P.quote(keys[0])}: {e}") from e
+
+    def _not_found(self, f):
+        """Runs not_found: records for neg_ttl that fetch found nothing and
+        tells waiters. If it fails, releases the lock with an abandon event."""
+        keys = self.keys.id_keys(f.key)
+        try:
+            self._scripts["not_found"](keys=keys, args=[f.token, self.neg_ttl_ms, self.keys.events(f.key)])
+        except Exception:
+            self._release(f, P.abandon_event(f.token))
 
     # --- holding the lock ------------------------------------------------
 
@@ -343,6 +362,10 @@ class Client:
             self._release(f, P.abandon_event(f.token))
             if isinstance(err, Exception):
                 raise Closed("memolock: client closed") from err
+            raise err
+        if isinstance(err, NotFound):
+            # Not a failure: no fail event; the callers get fetch's NotFound.
+            self._not_found(f)
             raise err
         if err is not None:
             self._release(f, P.fail_event(f.token, err))
@@ -393,6 +416,10 @@ class Client:
 
 
 _AGAIN = object()
+
+
+def _not_found_error(f):
+    return NotFound(f"memolock: not found: id {P.quote(f.id)}")
 
 
 class _Wait:
@@ -450,8 +477,12 @@ class _Wait:
                         self.own = False
                         self.c._release(f, b"")
                     raise HolderFailed(text)
-                if kind == P.EVENT_ABANDON:
-                    return _AGAIN
+                if kind == P.EVENT_NOTFOUND:
+                    self.value(None)
+                    raise _not_found_error(f)
+                # abandon, stale (the holder put a stale value back), or a
+                # kind this version does not know: look again.
+                return _AGAIN
             if ev.reread:
                 return _AGAIN
             left = self.deadline - time.monotonic()

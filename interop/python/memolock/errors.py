@@ -37,3 +37,12 @@ class HolderFailed(MemolockError):
 
 class Abandoned(MemolockError):
     """Ends a flight that every caller left; nobody sees it."""
+
+
+class NotFound(MemolockError, LookupError):
+    """The id has no value: fetch says so by raising NotFound (or a
+    subclass), and then every caller of that flight, here and in other
+    processes, gets NotFound. With the client's neg_ttl, Redis remembers it
+    for that long (the key T/lock-notfound:I), and a get() in any process
+    raises NotFound at once, without calling fetch, until a value is stored.
+    Not a failure: no fail event, and it is not an empty value."""

@@ -1,4 +1,4 @@
-"""The wire protocol: key scheme, tokens, events and the four Lua scripts.
+"""The wire protocol: key scheme, tokens, events and the five Lua scripts.
 
 Everything here is pure (no I/O) and shared by the sync and asyncio clients.
 The script texts are byte for byte those of the Go reference (protocol.go).
@@ -13,13 +13,30 @@ import socket
 from .errors import InvalidArgument
 
 ACQUIRE_SRC = r"""local v = redis.call('GET', KEYS[1])
-if v then return v end
+local early = tonumber(ARGV[3]) or 0
+if v then
+  if early < 1 and ARGV[4] ~= '1' then return v end
+  local h = redis.call('GET', KEYS[2])
+  if early >= 1 then
+    if h == ARGV[1] then return {v, 1} end
+    local left = redis.call('PTTL', KEYS[1])
+    if (not h or string.sub(h, 1, 5) == 'done:') and left >= 0 and left < early then
+      redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+      return {v, 1}
+    end
+  end
+  if h and string.sub(h, 1, 6) == 'stale:' then return {v, 2} end
+  return v
+end
+local gone = redis.call('PTTL', KEYS[3])
+if gone ~= -2 then return {gone} end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
 local holder = redis.call('GET', KEYS[2])
-if holder and string.sub(holder, 1, 5) == 'done:' then
+if holder and (string.sub(holder, 1, 5) == 'done:' or string.sub(holder, 1, 6) == 'stale:') then
   redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
   return 1
 end
+if ARGV[4] == '1' then return {redis.call('PTTL', KEYS[2]), holder, redis.call('GET', KEYS[4])} end
 return {redis.call('PTTL', KEYS[2]), holder}
 """
 
@@ -29,18 +46,40 @@ STORE_SRC = r"""if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return 0
 end
 local linger = tonumber(ARGV[6]) or 0
-if ARGV[3] == '0' then
+local ttl = tonumber(ARGV[3])
+if ttl == 0 then
   redis.call('SET', KEYS[1], ARGV[2])
 else
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  linger = math.min(linger, tonumber(ARGV[3]))
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
+  linger = math.min(linger, ttl)
 end
 if linger >= 1 then
   redis.call('SET', KEYS[2], 'done:' .. ARGV[1], 'PX', linger)
 else
   redis.call('DEL', KEYS[2])
 end
+local stale = tonumber(ARGV[7]) or 0
+if stale >= 1 and ttl > 0 then
+  redis.call('SET', KEYS[4], ARGV[2], 'PX', ttl + stale)
+else
+  redis.call('DEL', KEYS[4])
+end
+redis.call('DEL', KEYS[3])
 redis.call('PUBLISH', ARGV[4], ARGV[2])
+return 1
+"""
+
+NOT_FOUND_SRC = r"""if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+  redis.call('PUBLISH', ARGV[3], 'abandon\n' .. ARGV[1] .. '\n')
+  return 0
+end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[4])
+if (tonumber(ARGV[2]) or 0) >= 1 then
+  redis.call('SET', KEYS[3], '', 'PX', ARGV[2])
+else
+  redis.call('DEL', KEYS[3])
+end
+redis.call('PUBLISH', ARGV[3], 'notfound\n' .. ARGV[1] .. '\n')
 return 1
 """
 
@@ -68,7 +107,10 @@ if left >= 0 and left < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], AR
 return 1
 """
 
-SCRIPTS = {"acquire": ACQUIRE_SRC, "store": STORE_SRC, "release": RELEASE_SRC, "renew": RENEW_SRC}
+#: The scripts a peer runs, named as in vectors.json. Go's publish, resurrect
+#: and control scripts (delete, set, peek) are not needed to interoperate.
+SCRIPTS = {"acquire": ACQUIRE_SRC, "store": STORE_SRC, "release": RELEASE_SRC, "renew": RENEW_SRC,
+           "not_found": NOT_FOUND_SRC}
 
 #: How long (ms) a lock outlives a stored value, as "done:<token>".
 LINGER_MS = 1000
@@ -84,6 +126,8 @@ MAX_SLEEP = 3600.0
 
 EVENT_FAIL = b"fail"
 EVENT_ABANDON = b"abandon"
+EVENT_NOTFOUND = b"notfound"  # the holder's fetch found nothing: waiters fail with NotFound
+EVENT_STALE = b"stale"  # the holder put a stale value back: waiters look again
 
 DEFAULT_LOCK_TTL = 10.0
 #: How long close() waits for Redis calls (releases, lookups under way).
@@ -124,6 +168,19 @@ class KeyScheme:
 
     def events(self, id):
         return self.tag + b"/lock-event:" + id
+
+    def not_found(self, id):
+        """The key recording that fetch found nothing (a negative TTL)."""
+        return self.tag + b"/lock-notfound:" + id
+
+    def stale(self, id):
+        """The key of a copy of the value kept past its TTL (Go's StaleTTL)."""
+        return self.tag + b"/lock-stale:" + id
+
+    def id_keys(self, id):
+        """The four keys acquire, store and not_found take: value, lock,
+        not-found marker, stale copy."""
+        return [self.value(id), self.lock(id), self.not_found(id), self.stale(id)]
 
 
 def hash_id(id):
@@ -182,8 +239,13 @@ def truncate_utf8(b, n):
     return b[:n]
 
 
+def event(kind, token):
+    """An event without text: "<kind>\\n<token>\\n"."""
+    return kind + b"\n" + token + b"\n"
+
+
 def abandon_event(token):
-    return EVENT_ABANDON + b"\n" + token + b"\n"
+    return event(EVENT_ABANDON, token)
 
 
 def error_text(err):
@@ -209,11 +271,12 @@ def parse_event(p):
     return kind, token, text
 
 
-HIT, LOCKED, BUSY = "hit", "locked", "busy"
+HIT, LOCKED, BUSY, NOT_FOUND = "hit", "locked", "busy", "not_found"
 
 
 class Reply:
-    """What acquire answered: kind HIT (value), LOCKED, or BUSY (pttl ms, holder)."""
+    """What acquire answered: kind HIT (value), LOCKED, BUSY (pttl ms,
+    holder), or NOT_FOUND (pttl: the marker's, ms; -1 for ever)."""
 
     __slots__ = ("kind", "value", "pttl", "holder")
 
@@ -224,16 +287,32 @@ class Reply:
         return f"Reply({self.kind}, {self.value!r}, {self.pttl}, {self.holder!r})"
 
 
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def decode_acquire(res, token):
     """Reads acquire's raw reply. A busy reply naming token is our own lock."""
     if isinstance(res, bytes):
         return Reply(HIT, value=res)
-    if isinstance(res, int) and not isinstance(res, bool):
+    if _is_int(res):
         if res != 1:
             raise ValueError(f"unexpected acquire reply {res!r}")
         return Reply(LOCKED)
-    if isinstance(res, list) and len(res) == 2 and isinstance(res[0], int):
-        pttl, holder = res
+    if isinstance(res, list) and len(res) == 1 and _is_int(res[0]):
+        # A cached "not found", for res[0] ms more.
+        return Reply(NOT_FOUND, pttl=min(res[0], MAX_PTTL_MS))
+    if isinstance(res, list) and len(res) == 2 and isinstance(res[0], bytes) and res[1] in (1, 2):
+        # {value, 1}: a hit, the lock taken for a refresh ahead of expiry;
+        # {value, 2}: a hit flagged stale. Only Go's optional ARGV[3]/ARGV[4]
+        # ask for these, and this peer sends neither; should one come
+        # anyway, it is a plain hit. (For 1 the lock it took stays until
+        # its TTL, guarding a value that is there: lookups keep hitting.)
+        return Reply(HIT, value=res[0])
+    if isinstance(res, list) and len(res) >= 2 and _is_int(res[0]):
+        # {pttl, holder[, stale copy]}: the third element comes only with
+        # Go's stale flag (ARGV[4]), which this peer never sends; ignored.
+        pttl, holder = res[0], res[1]
         if not isinstance(holder, bytes):
             return Reply(BUSY, pttl=0, holder=b"")  # expired between PTTL and GET
         # The original Go peer renews with nanoseconds as seconds: bound a
@@ -270,6 +349,16 @@ def duration_ms(seconds, what, allow_zero=True):
             raise InvalidArgument(f"{what} {seconds!r}s is under 1ms; Redis locks are set in whole milliseconds")
         ms = 1
     return ms
+
+
+def optional_ms(seconds, what):
+    """duration_ms for an option where 0 turns it off: 0 stays 0, anything
+    positive must be at least 1 ms (as Go rejects a NegTTL under 1ms)."""
+    if hasattr(seconds, "total_seconds"):
+        seconds = seconds.total_seconds()
+    if _is_int(seconds) and seconds == 0 or isinstance(seconds, float) and seconds == 0.0:
+        return 0
+    return duration_ms(seconds, what, allow_zero=False)
 
 
 def check_value(val, ttl):

@@ -39,8 +39,9 @@ def test_scripts_match_go_source():
     if not os.path.exists(PROTOCOL_GO):
         pytest.skip("protocol.go not present")
     src = open(PROTOCOL_GO, encoding="utf-8").read()
+    go_names = {"not_found": "notFound"}  # vectors.json's name -> protocol.go's
     for name, text in P.SCRIPTS.items():
-        m = re.search(r"const " + name + r"Src = `([^`]*)`", src)
+        m = re.search(r"const " + go_names.get(name, name) + r"Src = `([^`]*)`", src)
         assert m, name
         assert m.group(1) == text, name
 
@@ -60,6 +61,9 @@ def test_keys(vectors):
         assert ks.lock(wire) == b64(k["lock_b64"]), k["name"]
         assert ks.notif(wire) == b64(k["notif_b64"]), k["name"]
         assert ks.events(wire) == b64(k["events_b64"]), k["name"]
+        assert ks.not_found(wire) == b64(k["not_found_b64"]), k["name"]
+        assert ks.stale(wire) == b64(k["stale_b64"]), k["name"]
+        assert ks.id_keys(wire) == [ks.value(wire), ks.lock(wire), ks.not_found(wire), ks.stale(wire)]
 
 
 def test_hashed_ids(vectors):
@@ -75,8 +79,12 @@ def test_events(vectors):
         want = b64(e["payload_b64"])
         if e["kind"] == "fail":
             got = P.fail_event(token, msg)
-        else:
+        elif e["kind"] == "abandon":
             got = P.abandon_event(token)
+        else:
+            assert e["kind"] in ("notfound", "stale"), e["name"]
+            assert not msg, e["name"]
+            got = P.event(e["kind"].encode(), token)
         assert got == want, e["name"]
         kind, tok, text = P.parse_event(want)
         assert kind == e["kind"].encode() and tok == token, e["name"]
@@ -118,6 +126,33 @@ def test_parse(vectors):
     for p in vectors.get("parse", []):
         kind, token, text = P.parse_event(b64(p["payload_b64"]))
         assert (kind, token, text) == (p["kind"].encode(), p["token"].encode(), b64(p["text_b64"])), p
+
+
+def test_event_kinds(vectors):
+    kinds = {e["kind"] for e in vectors["events"]}
+    assert {"fail", "abandon", "notfound", "stale"} <= kinds
+    assert P.EVENT_NOTFOUND == b"notfound" and P.EVENT_STALE == b"stale"
+
+
+def test_decode_acquire_replies():
+    tok = b"mine@h:1"
+    assert P.decode_acquire(b"1", tok).kind == P.HIT  # a bulk "1" is a value
+    assert P.decode_acquire(1, tok).kind == P.LOCKED
+    r = P.decode_acquire([1234], tok)
+    assert (r.kind, r.pttl) == (P.NOT_FOUND, 1234)
+    assert P.decode_acquire([-1], tok).kind == P.NOT_FOUND  # a marker without TTL
+    for flag in (1, 2):  # Go-only replies to ARGV[3]/ARGV[4]: plain hits here
+        r = P.decode_acquire([b"v", flag], tok)
+        assert (r.kind, r.value) == (P.HIT, b"v")
+    r = P.decode_acquire([500, b"other@h:2", b"stale copy"], tok)  # ARGV[4]'s third element: ignored
+    assert (r.kind, r.pttl, r.holder, r.value) == (P.BUSY, 500, b"other@h:2", None)
+    r = P.decode_acquire([500, b"other@h:2", None], tok)
+    assert (r.kind, r.holder) == (P.BUSY, b"other@h:2")
+    r = P.decode_acquire([500, tok], tok)
+    assert (r.kind, r.pttl) == (P.LOCKED, 500)
+    for bad in (0, 2, [], [b"v"], [b"v", 3], [None, None], None):
+        with pytest.raises(ValueError):
+            P.decode_acquire(bad, tok)
 
 
 def test_token_format():
