@@ -315,7 +315,6 @@ type protocol struct {
 	rdb   redis.UniversalClient
 	keys  KeyScheme
 	batch *batcher
-	early time.Duration // Options.RefreshAhead
 	stale time.Duration // Options.StaleTTL
 }
 
