@@ -61,7 +61,7 @@ func (c *Client) Set(ctx context.Context, id string, value []byte, ttl time.Dura
 	}
 	err = c.bounded(ctx, func(ctx context.Context) error {
 		return setScript.Run(ctx, c.rdb, c.proto.idKeys(key),
-			newToken(), value, ttlMillis(ttl), c.keys.Notif(key), lockLinger.Milliseconds(), c.staleTTL.Milliseconds()).Err()
+			newToken(), value, ttlMillis(ttl), c.keys.Notif(key), c.proto.linger(ttl).Milliseconds(), c.staleTTL.Milliseconds()).Err()
 	})
 	c.forget(key)
 	if err != nil {
@@ -147,8 +147,11 @@ func (c *Client) Lookup(ctx context.Context, id string) (Result, error) {
 		return Result{}, err
 	}
 	if c.l1 != nil {
-		if v, ok := c.l1.get(key); ok {
+		if v, notFound, ok := c.l1.get(key); ok {
 			c.stats.l1Hits.Add(1)
+			if notFound {
+				return Result{Served: ServedL1}, c.notFoundErr(id)
+			}
 			return Result{Value: v, Served: ServedL1}, nil
 		}
 	}
@@ -175,8 +178,10 @@ func (c *Client) Lookup(ctx context.Context, id string) (Result, error) {
 		}
 		return Result{Value: p.Value, Served: ServedRedis}, nil
 	case p.NotFound:
-		c.stats.notFound.Add(1)
-		return Result{Served: ServedRedis}, fmt.Errorf("%w: id %s", ErrNotFound, quote(id))
+		if c.l1 != nil {
+			c.l1.promoteNotFound(key, p.NotFoundTTL, snap)
+		}
+		return Result{Served: ServedRedis}, c.notFoundErr(id)
 	}
 	return Result{}, fmt.Errorf("%w: id %s", ErrMiss, quote(id))
 }

@@ -68,6 +68,7 @@ type group struct {
 	detached  map[*flight]struct{} // running, but no longer joined: see detach
 	gets      int64                // counted under mu, which every call takes anyway
 	coalesced int64
+	stale     *atomic.Int64 // Stats.Stale, for callers that give up and get a stale copy
 }
 
 // join adds a caller to the flight for key, making one with mk if none is
@@ -121,6 +122,9 @@ func (g *group) await(ctx context.Context, f *flight) ([]byte, Served, error) {
 	case <-cancelled:
 		g.leave(f)
 		if s := f.stale.Load(); s != nil {
+			if g.stale != nil {
+				g.stale.Add(1)
+			}
 			return *s, ServedStale, nil
 		}
 		return nil, 0, fmt.Errorf("%w: %w", ErrTimeout, ctx.Err())
@@ -260,6 +264,7 @@ func (g *group) detach(key string) {
 			continue
 		}
 		delete(g.flights, k)
+		f.stale.Store(nil) // the copy may be deleted too
 		if g.detached == nil {
 			g.detached = make(map[*flight]struct{})
 		}

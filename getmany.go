@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -143,8 +144,11 @@ func (c *Client) readHits(ctx context.Context, items []Item) (missing []int) {
 			key = HashID(key)
 		}
 		if c.l1 != nil {
-			if v, ok := c.l1.get(key); ok {
+			if v, notFound, ok := c.l1.get(key); ok {
 				items[i].Value, items[i].Served = v, ServedL1
+				if notFound {
+					items[i].Err = c.notFoundErr(it.ID)
+				}
 				l1Hits++
 				continue
 			}
@@ -172,10 +176,20 @@ func (c *Client) readHits(ctx context.Context, items []Item) (missing []int) {
 	for j, key := range ids {
 		keys[j] = c.keys.Value(key)
 	}
-	var vals []any
+	read := keys
+	if c.staleTTL > 0 {
+		// The locks too, in the same round trip: a value put back stale
+		// has a lock that says so (see resurrectSrc).
+		read = make([]string, 0, 2*len(ids))
+		read = append(read, keys...)
+		for _, key := range ids {
+			read = append(read, c.keys.Lock(key))
+		}
+	}
+	var vals, locks []any
 	err := c.bounded(ctx, func(ctx context.Context) error {
-		v, err := c.readValues(ctx, keys)
-		vals = v
+		v, err := c.readValues(ctx, read)
+		vals, locks = v[:min(len(v), len(keys))], v[min(len(v), len(keys)):]
 		return err
 	})
 	switch {
@@ -194,6 +208,14 @@ func (c *Client) readHits(ctx context.Context, items []Item) (missing []int) {
 		i := index[j]
 		switch v := v.(type) {
 		case string:
+			if j < len(locks) {
+				if h, _ := locks[j].(string); strings.HasPrefix(h, "stale:") {
+					items[i].Value, items[i].Served = []byte(v), ServedStale
+					c.stats.stale.Add(1)
+					hits++
+					continue
+				}
+			}
 			items[i].Value, items[i].Served = []byte(v), ServedRedis
 			hits++
 			if c.l1 != nil && snaps[j].ok {

@@ -66,7 +66,10 @@ func (c *Client) compute(f *flight, w *wait, lease *Lease, pttl time.Duration) (
 
 	if lease == nil {
 		res := c.fetched(f, results, cancel)
-		if res.err != nil {
+		switch {
+		case errors.Is(res.err, ErrNotFound):
+			c.stats.notFound.Add(1)
+		case res.err != nil:
 			c.stats.fetchErrors.Add(1)
 		}
 		return res.val, res.err
@@ -96,9 +99,15 @@ func (c *Client) compute(f *flight, w *wait, lease *Lease, pttl time.Duration) (
 	case res.err != nil:
 		c.stats.fetchErrors.Add(1)
 		if f.refreshing {
-			// The value is still there: its readers need not know.
+			// The value is most likely still there. The lock stays done
+			// until it expires, so that nobody refreshes it again
+			// meanwhile: its next fetch is at the miss after it expires.
+			// Waiters (the value expired during the refresh) get the
+			// failure, or their stale copy.
 			c.log.Warn("memolock: refreshing a value ahead of its expiry failed",
 				"tag", c.keys.Tag(), "id", f.id, "error", res.err)
+			c.releaseWith(f, failEvent(f.token, res.err), c.early)
+			return nil, res.err
 		} else if c.staleTTL > 0 && !errors.Is(res.err, ErrFetchPanicked) {
 			if v, ok := c.resurrect(f, res.err); ok {
 				w.served = ServedStale
@@ -174,11 +183,13 @@ func (c *Client) refresh(f *flight, ctx context.Context) {
 		c.release(rf, abandonEvent(rf.token)) // Close began: hand the lock over
 		return
 	}
-	c.stats.refreshes.Add(1)
 	go func() {
 		defer c.wg.Done()
 		w := &wait{c: c, f: rf}
 		val, err := c.compute(rf, w, c.lease(rf), -1)
+		if err == nil {
+			c.stats.refreshes.Add(1)
+		}
 		c.flights.finish(rf, val, err, ServedComputed)
 		w.end()
 	}()

@@ -23,7 +23,8 @@ import (
 //
 // Entries come only from Redis, never from a computation here: a value
 // read from Redis is promoted with the time Redis has left on it (one PTTL
-// after the callers have it), and only if no invalidation of that key, and
+// after the callers have it), and so is a cached "not found"
+// (Options.NegTTL), whose marker key is tracked too, and only if no invalidation of that key, and
 // no flush, happened since before the read. While the tracking connection
 // is down, invalidations may be lost: the L1 is flushed when it goes down
 // and stays empty until tracking is live again.
@@ -31,6 +32,7 @@ type l1 struct {
 	sub     *subscriber // knows whether the connection tracks
 	cache   *otter.Cache[string, l1Entry]
 	prefix  string        // "<tag>:": keys of the tag, as invalidations name them
+	neg     string        // "<tag>/lock-notfound:": the not-found markers
 	flushes atomic.Uint64 // bumped by every flush
 	stripes [64]atomic.Uint64
 	seed    maphash.Seed
@@ -38,8 +40,9 @@ type l1 struct {
 }
 
 type l1Entry struct {
-	val []byte
-	ttl time.Duration
+	val      []byte
+	ttl      time.Duration
+	notFound bool // a cached "not found", not a value
 }
 
 // l1Forever stands for "no expiry" in the L1: an entry without a TTL in
@@ -55,14 +58,16 @@ func newL1(tag string, size int) *l1 {
 			}),
 		}),
 		prefix: tag + ":",
+		neg:    tag + "/lock-notfound:",
 		seed:   maphash.MakeSeed(),
 	}
 }
 
-// get returns the L1's value for key (as sent to Redis).
-func (l *l1) get(key string) ([]byte, bool) {
+// get returns the L1's value for key (as sent to Redis), or reports a
+// cached "not found".
+func (l *l1) get(key string) (val []byte, notFound, ok bool) {
 	e, ok := l.cache.GetIfPresent(key)
-	return e.val, ok
+	return e.val, e.notFound, ok
 }
 
 // l1Snap is the state of the L1's invalidations for one key before a read
@@ -100,13 +105,22 @@ func (l *l1) live() bool {
 // promote puts val in the L1 for ttl if nothing invalidated key since s.
 // An invalidation that lands during the Set is seen by the second check.
 func (l *l1) promote(key string, val []byte, ttl time.Duration, s l1Snap) {
-	if ttl == 0 || !l.unchanged(key, s) {
+	l.put(key, l1Entry{val: val, ttl: ttl}, s)
+}
+
+// promoteNotFound records a cached "not found" for ttl, as promote does.
+func (l *l1) promoteNotFound(key string, ttl time.Duration, s l1Snap) {
+	l.put(key, l1Entry{notFound: true, ttl: ttl}, s)
+}
+
+func (l *l1) put(key string, e l1Entry, s l1Snap) {
+	if e.ttl == 0 || !l.unchanged(key, s) {
 		return
 	}
-	if ttl < 0 {
-		ttl = l1Forever
+	if e.ttl < 0 {
+		e.ttl = l1Forever
 	}
-	l.cache.Set(key, l1Entry{val: val, ttl: ttl})
+	l.cache.Set(key, e)
 	if !l.unchanged(key, s) {
 		l.cache.Invalidate(key)
 	}
@@ -117,7 +131,9 @@ func (l *l1) invalidate(keys []string) {
 	for _, k := range keys {
 		id, ok := strings.CutPrefix(k, l.prefix)
 		if !ok {
-			continue
+			if id, ok = strings.CutPrefix(k, l.neg); !ok {
+				continue
+			}
 		}
 		l.stripe(id).Add(1)
 		l.cache.Invalidate(id)
@@ -164,7 +180,7 @@ func (l *l1) trackingClient(rdb redis.UniversalClient) (*redis.Client, error) {
 		}
 		id, err := cn.ClientID(ctx).Result()
 		if err == nil {
-			err = cn.Do(ctx, "CLIENT", "TRACKING", "on", "REDIRECT", id, "BCAST", "PREFIX", l.prefix).Err()
+			err = cn.Do(ctx, "CLIENT", "TRACKING", "on", "REDIRECT", id, "BCAST", "PREFIX", l.prefix, "PREFIX", l.neg).Err()
 		}
 		var reply redis.Error
 		if errors.As(err, &reply) {

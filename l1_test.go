@@ -106,8 +106,8 @@ func TestL1_WriteFromOutsideDropsTheEntryEverywhere(t *testing.T) {
 			v, _ := served(t, c, "k", noFetch)
 			return v == "new"
 		})
-		if _, ok := c.l1.get("k"); ok {
-			if v, _ := c.l1.get("k"); string(v) != "new" {
+		if _, _, ok := c.l1.get("k"); ok {
+			if v, _, _ := c.l1.get("k"); string(v) != "new" {
 				t.Errorf("client %d's L1 holds %q", i+1, v)
 			}
 		}
@@ -129,7 +129,7 @@ func TestL1_FlushedWhenTheTrackingConnectionIsKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 5*time.Second, "the L1 to be flushed", func() bool {
-		_, ok := c.l1.get("k")
+		_, _, ok := c.l1.get("k")
 		return !ok
 	})
 	raw.Set(bg(), "kill:k", "new", 0)

@@ -77,7 +77,9 @@ type Options struct {
 	// the callers get an error wrapping ErrTimeout, so that a hung
 	// dependency cannot freeze a key in every process while its watchdog
 	// renews the lock. fetch may go on running until it returns; Close
-	// waits for it. WithFetchTimeout overrides it per call. Default: none.
+	// waits for it. With StaleTTL and a stale copy, the time-out is a
+	// failure like any other: the copy is served instead. WithFetchTimeout
+	// overrides it per call. Default: none.
 	FetchTimeout time.Duration
 
 	// L1Size, if positive, puts an in-process cache of at most that many
@@ -111,10 +113,13 @@ type Options struct {
 	// stored for ever get none). When fetch then fails with an error (not
 	// a panic), the callers get the stale copy, served as ServedStale,
 	// instead of the error, which goes to Logger; the copy is put back in
-	// Redis for ResurrectTTL, during which every lookup, in any process,
-	// gets it flagged stale and nobody calls fetch. A waiter whose context
-	// ends, or whose holder fails, also gets the stale copy when there is
-	// one. The copy doubles the memory a value takes in Redis.
+	// Redis for ResurrectTTL, during which every Get, Lookup and GetMany of
+	// a client with StaleTTL, in any process, gets it flagged stale, and
+	// nobody calls fetch. (A client without StaleTTL, and the Python and C#
+	// peers, read it as an ordinary value, and may keep it in their L1 for
+	// that long.) A waiter whose context ends, or whose holder fails, also
+	// gets the stale copy when its last lookup saw one. The copy doubles
+	// the memory a value takes in Redis.
 	StaleTTL time.Duration
 
 	// ResurrectTTL is how long a stale value is served after a failed
@@ -127,8 +132,12 @@ type Options struct {
 	// returns the current value at once, and runs fetch in the background
 	// to store the next one, while every caller keeps reading the current
 	// value. A hot key then never misses, as long as fetch takes less
-	// than RefreshAhead. L1 entries expire RefreshAhead early, so that
-	// their readers reach Redis in the window.
+	// than RefreshAhead. Values stored with a TTL under twice RefreshAhead
+	// are not refreshed (they would be born inside the window): they
+	// expire as usual. A refresh that fails leaves the value alone until
+	// it expires, and the failure goes to Logger. Only Get refreshes;
+	// GetMany and Lookup read the value as it is. L1 entries expire
+	// RefreshAhead early, so that their readers reach Redis in the window.
 	RefreshAhead time.Duration
 
 	// Logger, if set, gets what goes wrong out of the callers' sight: a
@@ -273,7 +282,8 @@ func New(rdb redis.UniversalClient, tag string, opts *Options) (*Client, error) 
 	c.calls, c.stopCalls = context.WithCancel(context.Background())
 	c.batch = newBatcher(rdb, &c.stats, &c.wg)
 	c.outage = newOutage(rdb, &c.stats)
-	c.proto = protocol{rdb: rdb, keys: keys, batch: c.batch, stale: c.staleTTL}
+	c.proto = protocol{rdb: rdb, keys: keys, batch: c.batch, stale: c.staleTTL, early: c.early}
+	c.flights.stale = &c.stats.stale
 	return c, nil
 }
 
@@ -326,7 +336,10 @@ func (c *Client) Stats() Stats {
 // If fetch fails or panics, the lock is released, the callers of this flight
 // get the error (a panic wraps ErrFetchPanicked), waiters in other processes
 // get an error wrapping ErrHolderFailed within milliseconds, and nothing is
-// stored. If the lock was lost while fetch ran, the value is returned but not
+// stored; with Options.StaleTTL, an error (not a panic) serves the stale
+// copy instead, if there is one. If fetch reports ErrNotFound, every caller
+// and waiter gets an error wrapping ErrNotFound, which Options.NegTTL
+// caches. If the lock was lost while fetch ran, the value is returned but not
 // stored, and waiters elsewhere look again at once. If storing fails, the
 // value is returned and waiters elsewhere take over when the lock expires.
 //
@@ -380,8 +393,11 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 		key = HashID(id)
 	}
 	if c.l1 != nil {
-		if v, ok := c.l1.get(key); ok {
+		if v, notFound, ok := c.l1.get(key); ok {
 			c.stats.l1Hits.Add(1)
+			if notFound {
+				return nil, nil, ServedL1, c.notFoundErr(id)
+			}
 			return nil, v, ServedL1, nil
 		}
 	}
@@ -471,9 +487,12 @@ func (c *Client) resolve(f *flight, first *attempt) {
 	// A value that came while waiting was just stored by its holder,
 	// whose write invalidates it: promoting it would be a wasted round trip.
 	// A value being refreshed is about to change.
-	if w.refresh {
+	switch {
+	case w.refresh:
 		c.refresh(f, f.ctx)
-	} else if c.l1 != nil && err == nil && w.served == ServedRedis {
+	case c.l1 != nil && w.notFound && w.served == ServedRedis:
+		c.l1.promoteNotFound(f.key, w.notFoundTTL, f.l1)
+	case c.l1 != nil && err == nil && w.served == ServedRedis:
 		c.promoteFromRedis(f.key, val, f.l1)
 	}
 }
@@ -499,9 +518,14 @@ func (c *Client) pursue(f *flight, w *wait, a *attempt) ([]byte, error) {
 			n := w.value(r.value)
 			return n.val, n.err
 		case r.kind == replyNotFound:
-			w.value(nil) // served as a value would have been
+			w.served = ServedRedis
+			if w.waited {
+				w.served = ServedWaited
+			}
+			w.notFound, w.notFoundTTL = true, r.pttl
 			return nil, c.notFound(f)
 		case r.kind == replyLocked && f.start == nil:
+			f.stale.Store(nil) // ours to compute now: a copy seen before may be gone
 			w.takeover()
 			w.end() // our own value needs no notification
 			w.served = ServedComputed
@@ -530,9 +554,11 @@ func (c *Client) pursue(f *flight, w *wait, a *attempt) ([]byte, error) {
 }
 
 // notFound is the error for an id whose fetch found nothing.
-func (c *Client) notFound(f *flight) error {
+func (c *Client) notFound(f *flight) error { return c.notFoundErr(f.id) }
+
+func (c *Client) notFoundErr(id string) error {
 	c.stats.notFound.Add(1)
-	return fmt.Errorf("%w: id %s", ErrNotFound, quote(f.id))
+	return fmt.Errorf("%w: id %s", ErrNotFound, quote(id))
 }
 
 // lookupFailed ends a flight whose lookup failed.

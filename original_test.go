@@ -96,8 +96,9 @@ func TestOriginalGoPeer_PinnedLockIsWaitedOnQuietly(t *testing.T) {
 		t.Errorf("%d lookups in 1s while the lock is pinned: the waiter spins", n)
 	}
 
+	base := l.n.Load() // before the call: its first lookup may run at once
 	got := getAsync(c, bg(), "k", noFetch)
-	parkedAndLive(t, l, l.n.Load()+2)
+	parkedAndLive(t, l, base+2)
 	raw.Set(bg(), "pin:k", "from the original", 0)
 	raw.Publish(bg(), "pin/notif:k", "from the original")
 	within(t, 5*time.Second, got, "from the original", "waiter")

@@ -25,8 +25,8 @@ import (
 //
 // Two optional arguments ask for more on a hit, at the cost of reading the
 // lock: with an early window, a value with less time left than that, and no
-// lock on it but a done one, is returned with the lock taken for a refresh
-// ahead of expiry
+// lock on it (a done one counts: see Client.linger), is returned with the
+// lock taken for a refresh ahead of expiry
 // (Options.RefreshAhead); with the stale flag, a value that a resurrection
 // put back is returned flagged stale, and a busy reply carries the stale
 // copy of the value, if any (Options.StaleTTL).
@@ -44,7 +44,7 @@ if v then
   if early >= 1 then
     if h == ARGV[1] then return {v, 1} end
     local left = redis.call('PTTL', KEYS[1])
-    if (not h or string.sub(h, 1, 5) == 'done:') and left >= 0 and left < early then
+    if not h and left >= 0 and left < early then
       redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
       return {v, 1}
     end
@@ -316,6 +316,23 @@ type protocol struct {
 	keys  KeyScheme
 	batch *batcher
 	stale time.Duration // Options.StaleTTL
+	early time.Duration // Options.RefreshAhead
+}
+
+// linger is how long the lock stays done after a store or set of a value
+// with ttl (see storeSrc). With RefreshAhead, the done lock also keeps a
+// new value from being refreshed before it is due: it lasts until the
+// value enters the window, and a value whose TTL is under twice the window
+// keeps it for its whole life, so that it expires as usual instead of
+// being refreshed again and again.
+func (p *protocol) linger(ttl time.Duration) time.Duration {
+	if p.early == 0 || ttl <= 0 {
+		return lockLinger
+	}
+	if ttl <= 2*p.early {
+		return ttl
+	}
+	return min(lockLinger, ttl-p.early)
 }
 
 // idKeys returns the four keys of id that the scripts take: value, lock,
@@ -407,7 +424,7 @@ func msDuration(ms int64) time.Duration {
 // it is not, the lease was lost and the script told waiters so.
 func (p *protocol) store(ctx context.Context, id, token string, val []byte, ttl time.Duration) (bool, error) {
 	n, err := storeScript.Run(ctx, p.rdb, p.idKeys(id), token, val, ttlMillis(ttl),
-		p.keys.Notif(id), p.keys.Events(id), lockLinger.Milliseconds(), p.stale.Milliseconds()).Int()
+		p.keys.Notif(id), p.keys.Events(id), p.linger(ttl).Milliseconds(), p.stale.Milliseconds()).Int()
 	if err != nil {
 		return false, fmt.Errorf("%w: storing %s: %w", ErrRedis, quote(p.keys.Value(id)), err)
 	}

@@ -48,7 +48,7 @@ type Stats struct {
 	Batched       int64 // lookups sent in one pipeline with others, under load
 	Outages       int64 // times Redis was found unreachable; each ends when a probe PING is answered
 	NotFound      int64 // flights answered "not found" (Options.NegTTL), computed here, cached or received
-	Stale         int64 // calls answered with a stale value (Options.StaleTTL)
+	Stale         int64 // answers served stale (Options.StaleTTL): per flight, and per caller that gave up waiting
 	Refreshes     int64 // values refreshed ahead of expiry by this process (Options.RefreshAhead)
 
 	Subscribes   int64 // SUBSCRIBE commands sent

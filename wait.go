@@ -27,6 +27,10 @@ type wait struct {
 	// refresh is set when the lookup took the lock to refresh the value
 	// it found: resolve starts the refresh once the callers have it.
 	refresh bool
+	// notFound is set when the lookup found a cached "not found", with
+	// notFoundTTL left, for the L1.
+	notFound    bool
+	notFoundTTL time.Duration
 
 	// maybeLocked is set when a lookup failed after it may have taken the
 	// lock: end releases the flight's token.
@@ -77,9 +81,13 @@ func (w *wait) busy(r reply) {
 		w.waited = true
 		w.c.stats.waits.Add(1)
 	}
-	if r.value != nil {
-		v := r.value
-		w.f.stale.Store(&v) // for callers that give up waiting
+	if w.c.staleTTL > 0 {
+		// For callers that give up waiting: the copy as of this reply.
+		if v := r.value; v != nil {
+			w.f.stale.Store(&v)
+		} else {
+			w.f.stale.Store(nil)
+		}
 	}
 	if w.w == nil {
 		w.w = w.c.sub.watch(w.onValue, w.c.keys.Notif(w.f.key), w.c.keys.Events(w.f.key))
@@ -128,7 +136,7 @@ func (w *wait) onEvents(ev events) (next, bool) {
 		case eventFail:
 			return w.onFail(text), true
 		case eventNotFound:
-			w.value(nil) // counted and served as a value would have been
+			w.served = ServedWaited
 			return next{err: w.c.notFound(w.f)}, true
 		default:
 			// abandon, stale (the holder put a stale value back), or a
@@ -248,9 +256,14 @@ func (w *wait) end() {
 // it reports whether it did. A failure is harmless: the lock expires by
 // itself. It is bounded, as it may run while Close waits.
 func (c *Client) release(f *flight, event string) bool {
+	return c.releaseWith(f, event, 0)
+}
+
+// releaseWith is release with a linger (see releaseSrc).
+func (c *Client) releaseWith(f *flight, event string, linger time.Duration) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(f.ctx), closeWait)
 	defer cancel()
-	released, _ := c.proto.release(ctx, f.key, f.token, event, 0)
+	released, _ := c.proto.release(ctx, f.key, f.token, event, linger)
 	return released
 }
 

@@ -25,6 +25,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/memolock/memolock"
 	"github.com/memolock/memolock/internal/redistest"
 )
 
@@ -488,5 +489,59 @@ func TestDemoInterop(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "not found") {
 		t.Errorf("demo could not find a runtime:\n%s", out.String())
+	}
+}
+
+// 7. A Go holder whose fetch finds nothing: every language's waiter learns
+// it from the notfound event at once (Python and C# exit 3, Go 1), and,
+// with a NegTTL, every later lookup answers so without running anything.
+func TestNotFoundReachesEveryLanguage(t *testing.T) {
+	need(t, all...)
+	k := newKey(t, "absent")
+	c, err := memolock.New(k.rdb, k.tag, &memolock.Options{LockTTL: 30 * time.Second, NegTTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	started, release := make(chan struct{}), make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		_, err := c.Get(context.Background(), k.id, func(context.Context, *memolock.Lease) ([]byte, time.Duration, error) {
+			close(started)
+			<-release
+			return nil, 0, memolock.ErrNotFound
+		})
+		held <- err
+	}()
+	<-started
+	ttl := []string{"--lock-ttl", "30s"}
+	var ws []*proc
+	for _, rt := range all {
+		ws = append(ws, k.start(rt, ttl, `echo run >> "$1"`, k.path("runs")))
+	}
+	k.subscribers(3)
+	k.waiting(ws...)
+	released := time.Now()
+	close(release)
+	if err := <-held; !errors.Is(err, memolock.ErrNotFound) {
+		t.Fatalf("the Go holder's callers got %v", err)
+	}
+	codes := map[string]int{"go": 1, "python": 3, "csharp": 3}
+	for _, w := range ws {
+		w.expect(t, codes[w.rt.name], []byte{})
+		if after := w.exited.Sub(released); after > 5*time.Second {
+			t.Errorf("%s waiter exited %v after the holder: it waited for the lock TTL", w.rt.name, after)
+		}
+		if !strings.Contains(strings.ToLower(w.stderr()), "not found") {
+			t.Errorf("%s waiter does not say \"not found\":\n%s", w.rt.name, w.stderr())
+		}
+	}
+	// Cached: nobody runs the command.
+	for _, rt := range all {
+		p := k.start(rt, ttl, `echo run >> "$1"`, k.path("runs"))
+		p.expect(t, codes[rt.name], []byte{})
+	}
+	if n := k.runs("runs"); n != 0 {
+		t.Errorf("the command ran %d times", n)
 	}
 }

@@ -114,7 +114,7 @@ namespace MemoLockNet
 "  if early >= 1 then\n" +
 "    if h == ARGV[1] then return {v, 1} end\n" +
 "    local left = redis.call('PTTL', KEYS[1])\n" +
-"    if (not h or string.sub(h, 1, 5) == 'done:') and left >= 0 and left < early then\n" +
+"    if not h and left >= 0 and left < early then\n" +
 "      redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])\n" +
 "      return {v, 1}\n" +
 "    end\n" +

@@ -20,7 +20,7 @@ if v then
   if early >= 1 then
     if h == ARGV[1] then return {v, 1} end
     local left = redis.call('PTTL', KEYS[1])
-    if (not h or string.sub(h, 1, 5) == 'done:') and left >= 0 and left < early then
+    if not h and left >= 0 and left < early then
       redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
       return {v, 1}
     end
