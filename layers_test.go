@@ -524,3 +524,40 @@ func BenchmarkRefreshAhead(b *testing.B) {
 		})
 	}
 }
+
+// A cached "not found" enters the L1 like a value, and any write to the
+// value or to the marker, by anyone, drops it.
+func TestNotFound_L1HoldsItUntilAnyWrite(t *testing.T) {
+	b := realBackend(t)
+	c := newTestClient(t, b.addr, "negl1", &Options{NegTTL: time.Minute, L1Size: 100})
+	raw := rawClient(t, b.addr)
+	var calls atomic.Int64
+	for _, write := range []struct {
+		name string
+		do   func(id string)
+		want string // what Get answers after the write; "" for not found
+	}{
+		{"SET of the value", func(id string) { raw.Set(bg(), "negl1:"+id, "v", time.Minute) }, "v"},
+		{"DEL of the marker", func(id string) { raw.Del(bg(), "negl1/lock-notfound:"+id) }, "fetched"},
+	} {
+		id := write.name
+		if _, err := c.Get(bg(), id, notFoundFetch(&calls)); !errors.Is(err, ErrNotFound) {
+			t.Fatal(err)
+		}
+		eventually(t, 5*time.Second, "the L1 to take the not-found", func() bool {
+			r, err := c.GetResult(bg(), id, notFoundFetch(&calls))
+			if !errors.Is(err, ErrNotFound) {
+				t.Fatalf("%s: %+v, %v", write.name, r, err)
+			}
+			return r.Served == ServedL1
+		})
+		if r, err := c.Lookup(bg(), id); !errors.Is(err, ErrNotFound) || r.Served != ServedL1 {
+			t.Errorf("Lookup: %+v, %v", r, err)
+		}
+		write.do(id)
+		eventually(t, 5*time.Second, "the L1 to drop it after a "+write.name, func() bool {
+			v, err := c.Get(bg(), id, constFetch(&calls, "fetched", 0))
+			return err == nil && string(v) == write.want
+		})
+	}
+}
