@@ -138,7 +138,13 @@ func (c *Client) recordNotFound(f *flight, closing bool) {
 	case err != nil:
 		c.stats.storeErrors.Add(1)
 		c.outage.report(err)
-		c.release(f, abandonEvent(f.token))
+		if !c.release(f, abandonEvent(f.token)) {
+			// The script may have run in part, or the lock expired:
+			// tell waiters anyway.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(f.ctx), closeWait)
+			defer cancel()
+			_ = c.proto.abandoned(ctx, f.key, f.token)
+		}
 	case !done:
 		c.stats.leaseLost.Add(1)
 	}

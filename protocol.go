@@ -169,10 +169,11 @@ return 1
 `
 
 // notFoundSrc records that fetch found nothing (Options.NegTTL), if the
-// lock still holds our token: the value, its stale copy and the lock go,
-// the marker stays for the negative TTL (none when 0), and waiters get a
-// notfound event. Otherwise it tells waiters the lock is gone, as store
-// does.
+// lock still holds our token: the marker is set for the negative TTL (or
+// deleted when 0), then the value, its stale copy and the lock go, and
+// waiters get a notfound event. The one command that can refuse its
+// arguments (a TTL out of range) runs first, as scripts do not roll back.
+// Otherwise it tells waiters the lock is gone, as store does.
 // KEYS: value, lock, not-found marker, stale copy. ARGV: token, negative
 // TTL in ms (0: do not record), events channel.
 // Reply: 1 done, 0 lease lost.
@@ -180,12 +181,12 @@ const notFoundSrc = `if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   redis.call('PUBLISH', ARGV[3], 'abandon\n' .. ARGV[1] .. '\n')
   return 0
 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[4])
 if (tonumber(ARGV[2]) or 0) >= 1 then
   redis.call('SET', KEYS[3], '', 'PX', ARGV[2])
 else
   redis.call('DEL', KEYS[3])
 end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[4])
 redis.call('PUBLISH', ARGV[3], 'notfound\n' .. ARGV[1] .. '\n')
 return 1
 `

@@ -338,7 +338,12 @@ namespace MemoLockNet
         void RecordNotFound(Flight f)
         {
             try { Proto.NotFound(f.Key, f.Token, NegTtlMs); }
-            catch (Exception) { Release(f, Tokens.AbandonEvent(f.Token), 0); }
+            catch (Exception)
+            {
+                // The script may have run in part, or the lock expired: tell waiters anyway.
+                if (!Release(f, Tokens.AbandonEvent(f.Token), 0))
+                    try { Proto.Abandoned(f.Key, f.Token); } catch { }
+            }
         }
 
         internal static NotFoundException NotFoundFor(Flight f) { return new NotFoundException("memolock: not found: id \"" + f.Id + "\""); }

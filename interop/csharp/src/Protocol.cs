@@ -176,12 +176,12 @@ namespace MemoLockNet
 "  redis.call('PUBLISH', ARGV[3], 'abandon\\n' .. ARGV[1] .. '\\n')\n" +
 "  return 0\n" +
 "end\n" +
-"redis.call('DEL', KEYS[1], KEYS[2], KEYS[4])\n" +
 "if (tonumber(ARGV[2]) or 0) >= 1 then\n" +
 "  redis.call('SET', KEYS[3], '', 'PX', ARGV[2])\n" +
 "else\n" +
 "  redis.call('DEL', KEYS[3])\n" +
 "end\n" +
+"redis.call('DEL', KEYS[1], KEYS[2], KEYS[4])\n" +
 "redis.call('PUBLISH', ARGV[3], 'notfound\\n' .. ARGV[1] .. '\\n')\n" +
 "return 1\n");
 

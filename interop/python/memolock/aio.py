@@ -467,7 +467,12 @@ class AsyncClient:
         try:
             await self._scripts["not_found"](keys=keys, args=[f.token, self.neg_ttl_ms, self.keys.events(f.key)])
         except Exception:
-            await self._release(f, P.abandon_event(f.token))
+            if not await self._release(f, P.abandon_event(f.token)):
+                # See Client._not_found.
+                try:
+                    await self._rdb.publish(self.keys.events(f.key), P.abandon_event(f.token))
+                except Exception:
+                    pass
 
     async def _hold(self, f, pttl):
         if not self._hold_state(f):

@@ -332,7 +332,13 @@ class Client:
         try:
             self._scripts["not_found"](keys=keys, args=[f.token, self.neg_ttl_ms, self.keys.events(f.key)])
         except Exception:
-            self._release(f, P.abandon_event(f.token))
+            if not self._release(f, P.abandon_event(f.token)):
+                # The script may have run in part, or the lock expired:
+                # tell waiters anyway.
+                try:
+                    self._rdb.publish(self.keys.events(f.key), P.abandon_event(f.token))
+                except Exception:
+                    pass
 
     # --- holding the lock ------------------------------------------------
 

@@ -73,12 +73,12 @@ NOT_FOUND_SRC = r"""if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   redis.call('PUBLISH', ARGV[3], 'abandon\n' .. ARGV[1] .. '\n')
   return 0
 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[4])
 if (tonumber(ARGV[2]) or 0) >= 1 then
   redis.call('SET', KEYS[3], '', 'PX', ARGV[2])
 else
   redis.call('DEL', KEYS[3])
 end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[4])
 redis.call('PUBLISH', ARGV[3], 'notfound\n' .. ARGV[1] .. '\n')
 return 1
 """
@@ -324,6 +324,11 @@ def decode_acquire(res, token):
     raise ValueError(f"unexpected acquire reply {res!r}")
 
 
+# MAX_SECONDS is Go's longest time.Duration in whole seconds, about 292
+# years: longer times overflow Redis's expiry arithmetic.
+MAX_SECONDS = 9223372036
+
+
 def duration_ms(seconds, what, allow_zero=True):
     """Seconds (int, float or timedelta) to whole ms, for a TTL sent to Redis.
 
@@ -338,6 +343,8 @@ def duration_ms(seconds, what, allow_zero=True):
         raise InvalidArgument(f"{what} {seconds!r} is not a finite number of seconds")
     if seconds < 0:
         raise InvalidArgument(f"{what} {seconds!r} is negative")
+    if seconds > MAX_SECONDS:
+        raise InvalidArgument(f"{what} {seconds!r}s is too long; at most {MAX_SECONDS}s (Go's longest duration)")
     if seconds == 0:
         if not allow_zero:
             raise InvalidArgument(f"{what} is 0; it must be at least 1ms")
