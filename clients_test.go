@@ -91,56 +91,95 @@ func TestGet_WorksOverRESP2AndRESP3(t *testing.T) {
 	}
 }
 
-// Redis Cluster is a later issue, but the key scheme already allows it: an
-// id in {braces} puts the value and the lock of that id in one slot.
-func TestGet_WorksOnClusterWithHashTaggedIDs(t *testing.T) {
+// On a cluster the client places every id itself: the keys and channels
+// of "id7" are cl:{id7}, cl/lock:{id7}, ..., all in one slot, with or
+// without HashIDs; an id that holds a hash tag keeps it.
+func TestGet_ClusterPlacesIDs(t *testing.T) {
 	nodes := redistest.StartCluster(t, 3)
-	var calls atomic.Int64
-	var wg sync.WaitGroup
-	var cs []*Client
-	for range 3 {
-		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr}})
-		c, err := New(rdb, "cl", &Options{LockTTL: 30 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close(); _ = rdb.Close() })
-		cs = append(cs, c)
-		for range 10 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := range 10 {
-					ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
-					v, err := c.Get(ctx, fmt.Sprintf("{id%d}", i), constFetch(&calls, "v", 20*time.Millisecond))
-					cancel()
-					if err != nil || string(v) != "v" {
-						t.Errorf("Get = %q, %v", v, err)
-						return
-					}
+	raw := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr}})
+	t.Cleanup(func() { _ = raw.Close() })
+	for _, hashed := range []bool{false, true} {
+		t.Run(fmt.Sprint("HashIDs=", hashed), func(t *testing.T) {
+			tag := fmt.Sprint("cl", hashed)
+			var calls atomic.Int64
+			var wg sync.WaitGroup
+			var cs []*Client
+			for range 3 {
+				rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr}})
+				c, err := New(rdb, tag, &Options{LockTTL: 30 * time.Second, HashIDs: hashed})
+				if err != nil {
+					t.Fatal(err)
 				}
-			}()
-		}
+				t.Cleanup(func() { _ = c.Close(); _ = rdb.Close() })
+				cs = append(cs, c)
+				for g := range 10 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for i := range 100 {
+							id := fmt.Sprint("id", (i+g*7)%100)
+							ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+							v, err := c.Get(ctx, id, constFetch(&calls, "v of "+id, 20*time.Millisecond))
+							cancel()
+							if err != nil || string(v) != "v of "+id {
+								t.Errorf("Get(%s) = %q, %v", id, v, err)
+								return
+							}
+						}
+					}()
+				}
+			}
+			wg.Wait()
+			if n := calls.Load(); n != 100 {
+				t.Errorf("100 ids fetched %d times", n)
+			}
+			want := tag + ":{id7}"
+			if hashed {
+				want = tag + ":{" + HashID("id7") + "}"
+			}
+			if v := raw.Get(bg(), want).Val(); v != "v of id7" {
+				t.Errorf("%s holds %q", want, v)
+			}
+			// Empty ids cannot be placed, unless hashed.
+			_, err := cs[0].Get(bg(), "", constFetch(&calls, "empty", 0))
+			if hashed != (err == nil) {
+				t.Errorf("empty id, HashIDs %v: %v", hashed, err)
+			}
+			if !hashed && !errors.Is(err, ErrInvalid) {
+				t.Errorf("empty id: %v, want ErrInvalid", err)
+			}
+		})
 	}
-	wg.Wait()
-	if calls.Load() != 10 {
-		t.Errorf("10 keys fetched %d times", calls.Load())
-	}
-	// Without a hash tag the script's two keys are in different slots:
-	// an error reply, which FailOpen does not hide.
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr}})
-	failOpen, err := New(rdb, "cl", &Options{FailOpen: true})
+	c, err := New(raw, "cl", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = failOpen.Close(); _ = rdb.Close() })
-	for _, c := range []*Client{cs[0], failOpen} {
-		_, err := c.Get(bg(), "plain", constFetch(&calls, "v", 0))
-		if !errors.Is(err, ErrRedis) || !strings.Contains(err.Error(), "CROSSSLOT") {
-			t.Errorf("un-tagged id on a cluster: %v, want ErrRedis naming CROSSSLOT", err)
-		}
+	t.Cleanup(func() { _ = c.Close() })
+	// An id with a hash tag keeps it: callers who placed ids keep their keys.
+	var calls atomic.Int64
+	if _, err := c.Get(bg(), "{user-42}", constFetch(&calls, "v", 0)); err != nil {
+		t.Fatal(err)
 	}
-	if calls.Load() != 10 {
-		t.Errorf("fetch ran on a CROSSSLOT error")
+	if v := raw.Get(bg(), "cl:{user-42}").Val(); v != "v" {
+		t.Errorf("cl:{user-42} holds %q", v)
+	}
+	if p, err := c.Peek(bg(), "{user-42}"); err != nil || string(p.Value) != "v" {
+		t.Errorf("Peek: %+v, %v", p, err)
+	}
+	if _, err := New(raw, "a{b}", nil); !errors.Is(err, ErrInvalid) {
+		t.Errorf("a tag with braces on a cluster: %v", err)
+	}
+	// An error reply is still an answer, which FailOpen does not hide.
+	failOpen, err := New(raw, "cl", &Options{FailOpen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = failOpen.Close() })
+	raw.LPush(bg(), "cl:{wrong}", "x")
+	if _, err := failOpen.Get(bg(), "wrong", constFetch(&calls, "v", 0)); !errors.Is(err, ErrRedis) || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Errorf("WRONGTYPE on a cluster: %v, want ErrRedis naming it", err)
+	}
+	if calls.Load() != 1 {
+		t.Errorf("fetch ran on an error reply")
 	}
 }

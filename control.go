@@ -208,7 +208,7 @@ const purgeBatch = 500
 // Keys of a tag nested in this one go too: tag "app" purges the values of
 // tag "app:x", whose keys all start "app:".
 func (c *Client) Purge(ctx context.Context) (int64, error) {
-	if _, err := c.control(ctx, ""); err != nil {
+	if err := c.ready(ctx); err != nil {
 		return 0, err
 	}
 	var n atomic.Int64
@@ -301,22 +301,27 @@ func (c *Client) forget(key string) {
 // control checks a control call's arguments and returns the id as sent to
 // Redis.
 func (c *Client) control(ctx context.Context, id string) (string, error) {
-	if err := c.usable(); err != nil {
+	if err := c.ready(ctx); err != nil {
 		return "", err
 	}
+	return c.wireID(id)
+}
+
+// ready checks the client and the context of a call.
+func (c *Client) ready(ctx context.Context) error {
+	if err := c.usable(); err != nil {
+		return err
+	}
 	if c.closingNow() {
-		return "", ErrClosed
+		return ErrClosed
 	}
 	if ctx == nil {
-		return "", fmt.Errorf("%w: context is nil", ErrInvalid)
+		return fmt.Errorf("%w: context is nil", ErrInvalid)
 	}
 	if err := ctx.Err(); err != nil {
-		return "", fmt.Errorf("%w: %w", ErrTimeout, err)
+		return fmt.Errorf("%w: %w", ErrTimeout, err)
 	}
-	if c.hashIDs {
-		return HashID(id), nil
-	}
-	return id, nil
+	return nil
 }
 
 // bounded runs fn, a call to Redis, and returns when it does or when ctx

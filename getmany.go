@@ -83,7 +83,7 @@ const DefaultManyConcurrency = 16
 // client, a nil ctx or one already done, no fetch and no Batch, or a
 // negative Concurrency. Empty ids make no call to Redis.
 func (c *Client) GetMany(ctx context.Context, ids []string, fetch FetchIDFunc, opts *ManyOptions) ([]Item, error) {
-	if _, err := c.control(ctx, ""); err != nil {
+	if err := c.ready(ctx); err != nil {
 		return nil, err
 	}
 	if opts == nil {
@@ -139,9 +139,10 @@ func (c *Client) readHits(ctx context.Context, items []Item) (missing []int) {
 	index := make([]int, 0, len(items))  // their places in items
 	var l1Hits int64
 	for i, it := range items {
-		key := it.ID
-		if c.hashIDs {
-			key = HashID(key)
+		key, err := c.wireID(it.ID)
+		if err != nil {
+			items[i].Err = err
+			continue
 		}
 		if c.l1 != nil {
 			if v, notFound, ok := c.l1.get(key); ok {
@@ -364,9 +365,9 @@ func (c *Client) batchMisses(ctx context.Context, items []Item, missing []int, b
 // starts fetches through col, and tells col what its first lookup found,
 // so that col knows which of its flights will enter fetch soon.
 func (c *Client) startMember(ctx context.Context, id string, col *collector) (*flight, error) {
-	key := id
-	if c.hashIDs {
-		key = HashID(id)
+	key, err := c.wireID(id)
+	if err != nil {
+		return nil, err
 	}
 	m := &member{col: col, id: id, run: make(chan []*member, 1), answer: make(chan BatchValue, 1)}
 	f, leader, err := c.flights.join(key, func() *flight {

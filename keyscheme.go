@@ -69,6 +69,40 @@ func (k KeyScheme) NotFound(id string) string { return k.tag + "/lock-notfound:"
 // by Options.StaleTTL.
 func (k KeyScheme) Stale(id string) string { return k.tag + "/lock-stale:" + id }
 
+// PlaceID returns the id that Options.HashTags sends to Redis in place of
+// id (already hashed, with HashIDs): id itself if it holds a hash tag (a
+// "{" followed, later, by a "}" with something between), which then
+// chooses the slot, else id in braces. It reports false for the empty id,
+// which no hash tag can hold.
+func PlaceID(id string) (string, bool) {
+	if i := strings.IndexByte(id, '{'); i >= 0 {
+		if j := strings.IndexByte(id[i+1:], '}'); j > 0 {
+			return id, true
+		}
+	}
+	if id == "" {
+		return "", false
+	}
+	return "{" + id + "}", true
+}
+
+// wireID returns id as the client sends it to Redis: hashed with
+// Options.HashIDs, placed with Options.HashTags.
+func (c *Client) wireID(id string) (string, error) {
+	key := id
+	if c.hashIDs {
+		key = HashID(id)
+	}
+	if c.hashTags {
+		placed, ok := PlaceID(key)
+		if !ok {
+			return "", fmt.Errorf("%w: the empty id cannot be placed in a cluster slot; set Options.HashIDs to use it", ErrInvalid)
+		}
+		key = placed
+	}
+	return key, nil
+}
+
 // HashID returns the id that Options.HashIDs sends to Redis in place of id:
 // the lowercase hex SHA-256 of its bytes, 64 characters long.
 func HashID(id string) string {

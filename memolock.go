@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"strings"
 	"sync"
 	"time"
 
@@ -70,6 +71,18 @@ type Options struct {
 	// reaches Redis, which bounds key length at 64 bytes plus the tag. Peers
 	// must hash the same way to share values.
 	HashIDs bool
+
+	// HashTags places the keys and channels of each id in one Redis
+	// Cluster slot by wrapping the id (hashed, with HashIDs) in braces:
+	// T:{I}, T/lock:{I}, T/notif:{I} and so on (see PlaceID). It is on by
+	// itself when rdb is a *redis.ClusterClient; set it for another client
+	// in front of a cluster (a proxy). An id that already holds a hash tag
+	// ("{user-42}", "a{b}c") is sent as it is, so that callers who place
+	// ids themselves keep their keys. The empty id cannot be placed (use
+	// HashIDs), and the tag must not contain braces. Original
+	// redis-memolock peers know nothing of it: they cannot share a tag
+	// with a client that places ids.
+	HashTags bool
 
 	// FetchTimeout, if set, bounds how long fetch may hold the lock. When
 	// it passes, fetch's context is cancelled, the lock is released with a
@@ -178,6 +191,7 @@ type Client struct {
 	lockTTL      time.Duration
 	failOpen     bool
 	hashIDs      bool
+	hashTags     bool // Options.HashTags, or a cluster client
 	onWait       func(id, holder string)
 	fetchTimeout time.Duration   // Options.FetchTimeout
 	negTTL       time.Duration   // Options.NegTTL
@@ -243,9 +257,15 @@ func New(rdb redis.UniversalClient, tag string, opts *Options) (*Client, error) 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	_, cluster := rdb.(*redis.ClusterClient)
+	hashTags := opts.HashTags || cluster
+	if hashTags && strings.ContainsAny(tag, "{}") {
+		return nil, fmt.Errorf("%w: tag %q contains a brace; with hash tags (Options.HashTags, or a cluster client) the id's braces must be the first in every key", ErrInvalid, tag)
+	}
 	c := &Client{
 		rdb:          rdb,
 		keys:         keys,
+		hashTags:     hashTags,
 		lockTTL:      lockTTL.Truncate(time.Millisecond),
 		failOpen:     opts.FailOpen,
 		hashIDs:      opts.HashIDs,
@@ -388,9 +408,9 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 	if err := ctx.Err(); err != nil {
 		return nil, nil, 0, fmt.Errorf("%w: %w", ErrTimeout, err)
 	}
-	key := id
-	if c.hashIDs {
-		key = HashID(id)
+	key, err := c.wireID(id)
+	if err != nil {
+		return nil, nil, 0, err
 	}
 	if c.l1 != nil {
 		if v, notFound, ok := c.l1.get(key); ok {
