@@ -32,7 +32,7 @@ func (c *Client) Delete(ctx context.Context, id string) (bool, error) {
 	var n int
 	err = c.bounded(ctx, func(ctx context.Context) error {
 		var err error
-		n, err = deleteScript.Run(ctx, c.rdb, c.proto.idKeys(key), c.keys.Events(key)).Int()
+		n, err = c.proto.sc.del.Run(ctx, c.rdb, c.proto.idKeys(key), c.keys.Events(key)).Int()
 		return err
 	})
 	c.forget(key) // whatever happened, as the write may have run
@@ -60,7 +60,7 @@ func (c *Client) Set(ctx context.Context, id string, value []byte, ttl time.Dura
 		value = []byte{}
 	}
 	err = c.bounded(ctx, func(ctx context.Context) error {
-		return setScript.Run(ctx, c.rdb, c.proto.idKeys(key),
+		return c.proto.sc.set.Run(ctx, c.rdb, c.proto.idKeys(key),
 			newToken(), value, ttlMillis(ttl), c.keys.Notif(key), c.proto.linger(ttl).Milliseconds(), c.staleTTL.Milliseconds()).Err()
 	})
 	c.forget(key)

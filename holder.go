@@ -32,7 +32,7 @@ func (c *Client) take(f *flight) error {
 }
 
 func (c *Client) lease(f *flight) *Lease {
-	return &Lease{rdb: c.rdb, id: f.key, lock: c.keys.Lock(f.key), events: c.keys.Events(f.key), token: f.token}
+	return &Lease{sc: c.proto.sc, rdb: c.rdb, id: f.key, lock: c.keys.Lock(f.key), events: c.keys.Events(f.key), token: f.token}
 }
 
 type fetchResult struct {
@@ -278,7 +278,7 @@ func (c *Client) watchdog(f *flight, lease *Lease, first time.Duration, stop <-c
 		case <-stop:
 			return
 		}
-		held, err := renew(f.ctx, lease.rdb, lease.lock, lease.events, lease.token, c.lockTTL)
+		held, err := renew(f.ctx, lease.sc, lease.rdb, lease.lock, lease.events, lease.token, c.lockTTL)
 		if err == nil && !held {
 			return // the store script will refuse; nothing left to renew
 		}

@@ -156,7 +156,7 @@ func TestNotFound_ValueWritesClearTheMarker(t *testing.T) {
 		{"Set", func(id string) error { return c.Set(bg(), id, []byte("v"), time.Minute) }},
 		{"Delete", func(id string) error { _, err := c.Delete(bg(), id); return err }},
 		{"store by a peer", func(id string) error {
-			return storeScript.Run(bg(), raw, c.proto.idKeys(id), "peer", "v", "60000", "n", "e", "0").Err()
+			return plainScripts.store.Run(bg(), raw, c.proto.idKeys(id), "peer", "v", "60000", "n", "e", "0").Err()
 		}},
 	} {
 		id := write.name

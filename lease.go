@@ -20,6 +20,7 @@ import (
 // Methods on a nil *Lease, which fetch receives when Options.FailOpen ran it
 // without a lock, report ErrLeaseLost.
 type Lease struct {
+	sc     *scripts
 	rdb    redis.Scripter
 	id     string // as sent to Redis
 	lock   string // the lock key
@@ -50,7 +51,7 @@ func (l *Lease) Held(ctx context.Context) (bool, error) {
 	if l == nil {
 		return false, nil
 	}
-	return renew(ctx, l.rdb, l.lock, l.events, l.token, 0)
+	return renew(ctx, l.sc, l.rdb, l.lock, l.events, l.token, 0)
 }
 
 // Extend makes the lock live at least ttl from now. It never shortens the
@@ -62,7 +63,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil {
 		return ErrLeaseLost
 	}
-	held, err := renew(ctx, l.rdb, l.lock, l.events, l.token, ttl)
+	held, err := renew(ctx, l.sc, l.rdb, l.lock, l.events, l.token, ttl)
 	if err == nil && !held {
 		err = ErrLeaseLost
 	}

@@ -206,7 +206,8 @@ type Client struct {
 	stopCalls    context.CancelFunc
 
 	flights group
-	sub     *subscriber
+	sub     *subscriber // nil on a cluster
+	shards  *shards     // on a cluster
 	batch   *batcher
 	outage  *outage
 	stats   counters
@@ -296,13 +297,19 @@ func New(rdb redis.UniversalClient, tag string, opts *Options) (*Client, error) 
 			defer close(c.tracking)
 			c.track(w)
 		}()
+	} else if cc, ok := rdb.(*redis.ClusterClient); ok {
+		c.shards = newShards(cc, &c.stats)
 	} else {
 		c.sub = newSubscriber(rdb, &c.stats)
 	}
 	c.calls, c.stopCalls = context.WithCancel(context.Background())
 	c.batch = newBatcher(rdb, &c.stats, &c.wg)
 	c.outage = newOutage(rdb, &c.stats)
-	c.proto = protocol{rdb: rdb, keys: keys, batch: c.batch, stale: c.staleTTL, early: c.early}
+	sc := plainScripts
+	if cluster {
+		sc = shardedScripts
+	}
+	c.proto = protocol{rdb: rdb, keys: keys, sc: sc, batch: c.batch, stale: c.staleTTL, early: c.early}
 	c.flights.stale = &c.stats.stale
 	return c, nil
 }
@@ -601,6 +608,15 @@ func (c *Client) ended() error {
 	return errAbandoned
 }
 
+// watch subscribes to channels: on the client's pub/sub connection, or,
+// on a cluster, on the node that serves their slot.
+func (c *Client) watch(onValue func(string), channels ...string) *watch {
+	if c.shards != nil {
+		return c.shards.watch(onValue, channels...)
+	}
+	return c.sub.watch(onValue, channels...)
+}
+
 // closingNow reports whether Close has begun. It reads the flight group's
 // state, which Close sets before it cancels any flight, so that work ended
 // by Close always finds the client closing.
@@ -660,7 +676,11 @@ func (c *Client) shutdown() {
 	// Every flight: those that hold a lock release it, and a lookup under
 	// way may take one, which its flight then releases.
 	waitTimeout(&c.wg, time.Until(deadline))
-	c.sub.close(time.Until(deadline))
+	if c.shards != nil {
+		c.shards.close(time.Until(deadline))
+	} else {
+		c.sub.close(time.Until(deadline))
+	}
 	if c.l1 != nil {
 		<-c.tracking // the subscriber's close ended its watch
 		_ = c.tracker.Close()

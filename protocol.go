@@ -270,18 +270,37 @@ const peekSrc = `return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])
 `
 
 var (
+	// acquire and peek publish nothing: one form serves both.
 	acquireScript = redis.NewScript(acquireSrc)
-	storeScript   = redis.NewScript(storeSrc)
-	releaseScript = redis.NewScript(releaseSrc)
-	renewScript   = redis.NewScript(renewSrc)
-	publishScript = redis.NewScript(publishSrc)
-	deleteScript  = redis.NewScript(deleteSrc)
-	setScript     = redis.NewScript(setSrc)
 	peekScript    = redis.NewScript(peekSrc)
 
-	notFoundScript  = redis.NewScript(notFoundSrc)
-	resurrectScript = redis.NewScript(resurrectSrc)
+	plainScripts   = newScripts(false)
+	shardedScripts = newScripts(true)
 )
+
+// scripts are the scripts that publish, in one of two forms: with PUBLISH,
+// or, for sharded pub/sub on a cluster, with SPUBLISH in its place (the
+// channels of an id are in its keys' slot: see Options.HashTags).
+type scripts struct {
+	sharded                                                       bool
+	store, release, renew, publish, del, set, notFound, resurrect *redis.Script
+}
+
+func newScripts(sharded bool) *scripts {
+	mk := func(src string) *redis.Script {
+		if sharded {
+			src = shardedSrc(src)
+		}
+		return redis.NewScript(src)
+	}
+	return &scripts{sharded: sharded, store: mk(storeSrc), release: mk(releaseSrc), renew: mk(renewSrc),
+		publish: mk(publishSrc), del: mk(deleteSrc), set: mk(setSrc), notFound: mk(notFoundSrc), resurrect: mk(resurrectSrc)}
+}
+
+// shardedSrc is src with SPUBLISH for PUBLISH.
+func shardedSrc(src string) string {
+	return strings.ReplaceAll(src, "redis.call('PUBLISH', ", "redis.call('SPUBLISH', ")
+}
 
 // lockLinger is how long a lock outlives a stored value (at most as long as
 // the value): see storeSrc.
@@ -315,6 +334,7 @@ type reply struct {
 type protocol struct {
 	rdb   redis.UniversalClient
 	keys  KeyScheme
+	sc    *scripts
 	batch *batcher
 	stale time.Duration // Options.StaleTTL
 	early time.Duration // Options.RefreshAhead
@@ -424,7 +444,7 @@ func msDuration(ms int64) time.Duration {
 // store runs the store script. It reports whether the value is stored; when
 // it is not, the lease was lost and the script told waiters so.
 func (p *protocol) store(ctx context.Context, id, token string, val []byte, ttl time.Duration) (bool, error) {
-	n, err := storeScript.Run(ctx, p.rdb, p.idKeys(id), token, val, ttlMillis(ttl),
+	n, err := p.sc.store.Run(ctx, p.rdb, p.idKeys(id), token, val, ttlMillis(ttl),
 		p.keys.Notif(id), p.keys.Events(id), p.linger(ttl).Milliseconds(), p.stale.Milliseconds()).Int()
 	if err != nil {
 		return false, fmt.Errorf("%w: storing %s: %w", ErrRedis, quote(p.keys.Value(id)), err)
@@ -435,7 +455,7 @@ func (p *protocol) store(ctx context.Context, id, token string, val []byte, ttl 
 // publish runs the publish script: val goes to waiters, not into Redis.
 // It reports whether the lease still held.
 func (p *protocol) publish(ctx context.Context, id, token string, val []byte) (bool, error) {
-	n, err := publishScript.Run(ctx, p.rdb, []string{p.keys.Lock(id)}, token, val, p.keys.Notif(id), p.keys.Events(id)).Int()
+	n, err := p.sc.publish.Run(ctx, p.rdb, []string{p.keys.Lock(id)}, token, val, p.keys.Notif(id), p.keys.Events(id)).Int()
 	if err != nil {
 		return false, fmt.Errorf("%w: publishing %s: %w", ErrRedis, quote(p.keys.Notif(id)), err)
 	}
@@ -446,7 +466,7 @@ func (p *protocol) publish(ctx context.Context, id, token string, val []byte) (b
 // recorded for negTTL (0: not at all). It reports whether the lease still
 // held.
 func (p *protocol) notFound(ctx context.Context, id, token string, negTTL time.Duration) (bool, error) {
-	n, err := notFoundScript.Run(ctx, p.rdb, p.idKeys(id), token, negTTL.Milliseconds(), p.keys.Events(id)).Int()
+	n, err := p.sc.notFound.Run(ctx, p.rdb, p.idKeys(id), token, negTTL.Milliseconds(), p.keys.Events(id)).Int()
 	if err != nil {
 		return false, fmt.Errorf("%w: recording %s as not found: %w", ErrRedis, quote(p.keys.Value(id)), err)
 	}
@@ -456,7 +476,7 @@ func (p *protocol) notFound(ctx context.Context, id, token string, negTTL time.D
 // resurrect runs the resurrect script: it returns the stale copy, now put
 // back for d, or false if there is none or the lease was lost.
 func (p *protocol) resurrect(ctx context.Context, id, token string, d time.Duration) ([]byte, bool, error) {
-	v, err := resurrectScript.Run(ctx, p.rdb, []string{p.keys.Value(id), p.keys.Lock(id), p.keys.Stale(id)},
+	v, err := p.sc.resurrect.Run(ctx, p.rdb, []string{p.keys.Value(id), p.keys.Lock(id), p.keys.Stale(id)},
 		token, d.Milliseconds(), p.keys.Events(id)).Text()
 	switch {
 	case err == redis.Nil:
@@ -471,7 +491,7 @@ func (p *protocol) resurrect(ctx context.Context, id, token string, d time.Durat
 // keeps it as done for at most that long, see releaseSrc), and publishes
 // event. It reports whether it did.
 func (p *protocol) release(ctx context.Context, id, token, event string, linger time.Duration) (bool, error) {
-	n, err := releaseScript.Run(ctx, p.rdb, []string{p.keys.Lock(id), p.keys.Value(id)}, token, p.keys.Events(id), event, linger.Milliseconds()).Int()
+	n, err := p.sc.release.Run(ctx, p.rdb, []string{p.keys.Lock(id), p.keys.Value(id)}, token, p.keys.Events(id), event, linger.Milliseconds()).Int()
 	if err != nil {
 		return false, fmt.Errorf("%w: releasing %s: %w", ErrRedis, quote(p.keys.Lock(id)), err)
 	}
@@ -481,15 +501,19 @@ func (p *protocol) release(ctx context.Context, id, token, event string, linger 
 // abandoned tells waiters that the lock with token is gone, whoever holds
 // the lock now: waiters of another holder ignore it.
 func (p *protocol) abandoned(ctx context.Context, id, token string) error {
-	if err := p.rdb.Publish(ctx, p.keys.Events(id), abandonEvent(token)).Err(); err != nil {
+	publish := p.rdb.Publish
+	if p.sc.sharded {
+		publish = p.rdb.SPublish
+	}
+	if err := publish(ctx, p.keys.Events(id), abandonEvent(token)).Err(); err != nil {
 		return fmt.Errorf("%w: publishing on %s: %w", ErrRedis, quote(p.keys.Events(id)), err)
 	}
 	return nil
 }
 
 // renew runs the renew script: rdb is all a Lease needs.
-func renew(ctx context.Context, rdb redis.Scripter, lock, events, token string, ttl time.Duration) (bool, error) {
-	n, err := renewScript.Run(ctx, rdb, []string{lock}, token, ttl.Milliseconds(), events).Int()
+func renew(ctx context.Context, sc *scripts, rdb redis.Scripter, lock, events, token string, ttl time.Duration) (bool, error) {
+	n, err := sc.renew.Run(ctx, rdb, []string{lock}, token, ttl.Milliseconds(), events).Int()
 	if err != nil {
 		return false, fmt.Errorf("%w: renewing lock %s: %w", ErrRedis, quote(lock), err)
 	}

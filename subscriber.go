@@ -40,8 +40,12 @@ import (
 // silence run sends a probe PING, and if nothing arrives for health again,
 // read gives the connection up.
 type subscriber struct {
-	rdb     redis.UniversalClient
-	onBreak func() // if set, called when a connection is found broken (the L1)
+	open    func(context.Context) *redis.PubSub // a new PubSub, not yet connected
+	onBreak func()                              // if set, called when a connection is found broken (the L1)
+	// sharded is set for one node of a cluster: SSUBSCRIBE and SUNSUBSCRIBE,
+	// one command per slot, and a channel whose slot the node does not
+	// serve (any more) sends its watches elsewhere (see shards).
+	sharded bool
 
 	// With an L1: the watch of the invalidation channel, and whether the
 	// current connection is known to track (its subscription to that
@@ -90,10 +94,13 @@ type watch struct {
 	// outside mu: the fast path by which a value reaches callers.
 	onValue func(payload string)
 
+	s *subscriber // the one that serves it
+
 	// Guarded by subscriber.mu.
 	seq      uint64 // the marker that makes the watch live; 0 until sent
 	live     bool
 	reread   bool
+	moved    bool // sharded: the node does not serve its slot; watch again elsewhere
 	messages []*redis.Message
 	err      error // Redis refused to subscribe a channel of the watch
 	closed   bool  // the subscriber was closed
@@ -103,6 +110,7 @@ type watch struct {
 // events is what a watch has collected since the last call to take.
 type events struct {
 	reread   bool
+	moved    bool // watch again, through shards
 	messages []*redis.Message
 	err      error
 	closed   bool
@@ -138,9 +146,16 @@ const (
 )
 
 func newSubscriber(rdb redis.UniversalClient, stats *counters) *subscriber {
+	return newSubscriberOn(func(ctx context.Context) *redis.PubSub { return rdb.Subscribe(ctx) }, false, stats)
+}
+
+// newSubscriberOn is a subscriber whose connections open makes: a node's
+// sharded pub/sub when sharded is set.
+func newSubscriberOn(open func(context.Context) *redis.PubSub, sharded bool, stats *counters) *subscriber {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &subscriber{
-		rdb:     rdb,
+		open:    open,
+		sharded: sharded,
 		stats:   stats,
 		health:  defaultHealth,
 		ctx:     ctx,
@@ -165,6 +180,7 @@ func (s *subscriber) watch(onValue func(string), channels ...string) *watch {
 }
 
 func (s *subscriber) addWatch(w *watch) *watch {
+	w.s = s
 	s.mu.Lock()
 	if s.closed {
 		w.closed = true
@@ -232,8 +248,8 @@ func (s *subscriber) unwatch(w *watch) {
 func (s *subscriber) take(w *watch) events {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ev := events{reread: w.reread, messages: w.messages, err: w.err, closed: w.closed}
-	w.reread, w.messages = false, nil
+	ev := events{reread: w.reread, moved: w.moved, messages: w.messages, err: w.err, closed: w.closed}
+	w.reread, w.moved, w.messages = false, false, nil
 	return ev
 }
 
@@ -280,7 +296,7 @@ type plan struct {
 	heard   bool       // a marker came back since: the connection works
 	subs    [][]string // SUBSCRIBE these, one command each
 	marker  uint64     // then PING this marker (0: none)
-	unsub   []string   // then UNSUBSCRIBE these
+	unsub   [][]string // then UNSUBSCRIBE these, one command each
 	probe   bool       // then PING to probe
 }
 
@@ -327,9 +343,15 @@ func (s *subscriber) run() {
 				break
 			}
 			if ps == nil {
-				ps = s.rdb.Subscribe(s.ctx) // no channels: no I/O yet
+				ps = s.open(s.ctx) // no channels: no I/O yet
 			}
 			if err := s.send(ps, p); err != nil {
+				if s.sharded && p.replace {
+					// The node does not answer on a new connection: it
+					// may be gone for good (a failover). Its watches go
+					// where the cluster now says their slots are.
+					s.rehome()
+				}
 				s.fail(p.gen)
 				continue
 			}
@@ -365,6 +387,7 @@ func (s *subscriber) plan() plan {
 	}
 	p.gen, p.heard, s.heard = s.gen, s.heard, false
 	var batch []string
+	var unsub []string
 	for ch := range s.dirty {
 		_, want := s.watches[ch]
 		_, have := s.sent[ch]
@@ -377,16 +400,15 @@ func (s *subscriber) plan() plan {
 			batch = append(batch, ch)
 			s.sent[ch] = struct{}{}
 		case !want && have:
-			p.unsub = append(p.unsub, ch)
+			unsub = append(unsub, ch)
 			delete(s.sent, ch)
 		}
 	}
 	clear(s.dirty)
-	if len(batch) > 0 {
-		p.subs = append([][]string{batch}, p.subs...)
-	}
+	p.subs = append(s.group(batch), p.subs...)
+	p.unsub = s.group(unsub)
 	for _, chans := range p.subs {
-		s.acks = append(s.acks, sentCmd{kind: "subscribe", args: chans})
+		s.acks = append(s.acks, sentCmd{kind: s.kind("subscribe"), args: chans})
 	}
 	for _, w := range s.unmarked {
 		if w.gone {
@@ -404,8 +426,8 @@ func (s *subscriber) plan() plan {
 	if p.marker != 0 {
 		s.acks = append(s.acks, sentCmd{kind: "ping", args: []string{markerPrefix + strconv.FormatUint(p.marker, 10)}})
 	}
-	if len(p.unsub) > 0 {
-		s.acks = append(s.acks, sentCmd{kind: "unsubscribe", args: p.unsub})
+	for _, chans := range p.unsub {
+		s.acks = append(s.acks, sentCmd{kind: s.kind("unsubscribe"), args: chans})
 	}
 	p.probe, s.probe = s.probe, false
 	if p.probe {
@@ -414,14 +436,92 @@ func (s *subscriber) plan() plan {
 	return p
 }
 
+// group makes commands of chans: one, or, sharded, one per hash tag (a
+// command whose channels span slots is refused; channels with one hash tag
+// share a slot, and the channels of one id share its tag).
+func (s *subscriber) group(chans []string) [][]string {
+	if len(chans) == 0 {
+		return nil
+	}
+	if !s.sharded {
+		return [][]string{chans}
+	}
+	bySlot := make(map[string][]string)
+	var order []string
+	for _, ch := range chans {
+		slot := hashTag(ch)
+		if _, ok := bySlot[slot]; !ok {
+			order = append(order, slot)
+		}
+		bySlot[slot] = append(bySlot[slot], ch)
+	}
+	out := make([][]string, 0, len(order))
+	for _, slot := range order {
+		out = append(out, bySlot[slot])
+	}
+	return out
+}
+
+// hashTag returns the part of key that Redis Cluster hashes: what is
+// between its first "{" and the "}" after it, if not empty, else key.
+func hashTag(key string) string {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			return key[i+1 : i+1+j]
+		}
+	}
+	return key
+}
+
+// isMoved reports whether err is a cluster redirection or state error: the
+// node does not serve the slot now.
+func isMoved(err error) bool {
+	msg := err.Error()
+	for _, p := range []string{"MOVED ", "ASK ", "CLUSTERDOWN", "TRYAGAIN"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// kind is the name of a subscription command, and of its replies:
+// "subscribe", or, sharded, "ssubscribe".
+func (s *subscriber) kind(k string) string {
+	if s.sharded {
+		return "s" + k
+	}
+	return k
+}
+
+// rehome tells every watch to watch again elsewhere (see shards).
+func (s *subscriber) rehome() {
+	s.mu.Lock()
+	var poke []*watch
+	for w := range s.all {
+		if !w.moved {
+			w.moved = true
+			poke = append(poke, w)
+		}
+	}
+	s.mu.Unlock()
+	for _, w := range poke {
+		w.poke()
+	}
+}
+
 // send writes p on ps, each call bounded in time. Any error means the
 // connection is no longer the one our state describes.
 func (s *subscriber) send(ps *redis.PubSub, p plan) error {
 	ctx, cancel := context.WithTimeout(s.ctx, pubsubTimeout)
 	defer cancel()
+	subscribe, unsubscribe := ps.Subscribe, ps.Unsubscribe
+	if s.sharded {
+		subscribe, unsubscribe = ps.SSubscribe, ps.SUnsubscribe
+	}
 	for _, chans := range p.subs {
 		s.stats.subscribes.Add(1)
-		if err := ps.Subscribe(ctx, chans...); err != nil {
+		if err := subscribe(ctx, chans...); err != nil {
 			return err
 		}
 	}
@@ -431,9 +531,9 @@ func (s *subscriber) send(ps *redis.PubSub, p plan) error {
 			return err
 		}
 	}
-	if len(p.unsub) > 0 {
+	for _, chans := range p.unsub {
 		s.stats.unsubscribes.Add(1)
-		if err := ps.Unsubscribe(ctx, p.unsub...); err != nil {
+		if err := unsubscribe(ctx, chans...); err != nil {
 			return err
 		}
 	}
@@ -656,7 +756,19 @@ func (s *subscriber) refused(gen uint64, err error) bool {
 	switch {
 	case cmd.kind == "ping":
 		poke = s.markerBack(cmd.args[0], poke)
-	case cmd.kind == "subscribe" && len(cmd.args) > 1:
+	case cmd.kind == "ssubscribe" && isMoved(err):
+		// The node does not serve the slot (any more): those watches
+		// go where the cluster now says it is.
+		for _, ch := range cmd.args {
+			delete(s.sent, ch)
+			for w := range s.watches[ch] {
+				if !w.moved {
+					w.moved = true
+					poke = append(poke, w)
+				}
+			}
+		}
+	case cmd.kind == s.kind("subscribe") && len(cmd.args) > 1:
 		for _, ch := range cmd.args {
 			delete(s.sent, ch)
 			if _, ok := s.watches[ch]; !ok {
@@ -672,7 +784,7 @@ func (s *subscriber) refused(gen uint64, err error) bool {
 				}
 			}
 		}
-	case cmd.kind == "subscribe":
+	case cmd.kind == s.kind("subscribe"):
 		ch := cmd.args[0]
 		delete(s.sent, ch)
 		for w := range s.watches[ch] {

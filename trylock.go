@@ -96,6 +96,7 @@ func (c *Client) TryLock(ctx context.Context, name string, ttl time.Duration) (*
 		return nil, fmt.Errorf("%w: %s is held by %s", ErrBusy, quote(name), quote(holder))
 	}
 	return &Lease{
+		sc:     c.proto.sc,
 		rdb:    mutexConn{Scripter: c.rdb, ttl: ttl},
 		id:     HashID(name),
 		lock:   key,
@@ -143,7 +144,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	// The value key is only read with a linger; the lock itself stands in
 	// for it, as a script's keys must share a Redis Cluster slot.
-	err := releaseScript.Run(ctx, l.rdb, []string{l.lock, l.lock}, l.token, l.events, "", 0).Err()
+	err := l.sc.release.Run(ctx, l.rdb, []string{l.lock, l.lock}, l.token, l.events, "", 0).Err()
 	if err != nil {
 		return fmt.Errorf("%w: releasing lock %s: %w", ErrRedis, l.lock, err)
 	}

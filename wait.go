@@ -55,7 +55,7 @@ func (w *wait) wait(r reply) next {
 	for {
 		select {
 		case <-w.w.signal:
-			if n, ok := w.onEvents(w.c.sub.take(w.w)); ok {
+			if n, ok := w.onEvents(w.w.s.take(w.w)); ok {
 				return n
 			}
 		case <-w.timer.C:
@@ -90,7 +90,7 @@ func (w *wait) busy(r reply) {
 		}
 	}
 	if w.w == nil {
-		w.w = w.c.sub.watch(w.onValue, w.c.keys.Notif(w.f.key), w.c.keys.Events(w.f.key))
+		w.w = w.c.watch(w.onValue, w.c.keys.Notif(w.f.key), w.c.keys.Events(w.f.key))
 	}
 	d := r.pttl + time.Millisecond
 	if r.pttl < 0 {
@@ -117,6 +117,15 @@ func (w *wait) onValue(payload string) {
 func (w *wait) onEvents(ev events) (next, bool) {
 	if ev.closed {
 		return next{err: ErrClosed}, true
+	}
+	if ev.moved {
+		// Sharded: the node no longer serves the key's slot. Whatever was
+		// published meanwhile is lost: watch where the slot is now, and
+		// look again.
+		w.w.s.unwatch(w.w)
+		w.w = nil
+		w.c.shards.moved()
+		return w.again(), true
 	}
 	if ev.err != nil {
 		// Redis refused the subscription (NOPERM, say): no value will
@@ -236,7 +245,7 @@ func (w *wait) release(event string) {
 // more than once.
 func (w *wait) end() {
 	if w.w != nil {
-		w.c.sub.unwatch(w.w)
+		w.w.s.unwatch(w.w)
 		w.w = nil
 	}
 	if w.timer != nil {

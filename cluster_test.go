@@ -1,0 +1,234 @@
+package memolock
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/memolock/memolock/internal/redistest"
+)
+
+// newClusterClient is a memolock Client on a cluster client of its own, as
+// a separate process would have.
+func newClusterClient(t testing.TB, nodes []*redistest.Server, tag string, opts *Options) (*Client, *redis.ClusterClient) {
+	t.Helper()
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr}})
+	c, err := New(rdb, tag, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(); _ = rdb.Close() })
+	return c, rdb
+}
+
+// commandCalls returns how many times a node ran cmd (INFO commandstats,
+// which counts commands that scripts call too).
+func commandCalls(t testing.TB, n *redistest.Server, cmd string) int64 {
+	t.Helper()
+	info, _ := n.Do(t, "INFO", "commandstats").(string)
+	for _, line := range strings.Split(info, "\r\n") {
+		rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls=")
+		if !ok {
+			continue
+		}
+		calls, _, _ := strings.Cut(rest, ",")
+		v, err := strconv.ParseInt(calls, 10, 64)
+		if err != nil {
+			t.Fatalf("commandstats line %q: %v", line, err)
+		}
+		return v
+	}
+	return 0
+}
+
+// On a cluster, values and events go out with SPUBLISH, on the node that
+// owns the slot, and waiters receive them through sharded subscriptions:
+// no node ever runs PUBLISH, which a cluster broadcasts to every node.
+func TestCluster_StampedeUsesShardedPubSubOnly(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	for _, n := range nodes {
+		n.Do(t, "CONFIG", "RESETSTAT")
+	}
+	const ids = 100
+	var calls atomic.Int64
+	fetch := func(ctx context.Context, _ *Lease) ([]byte, time.Duration, error) {
+		calls.Add(1)
+		time.Sleep(50 * time.Millisecond) // long enough that the others wait
+		return []byte("v"), time.Minute, nil
+	}
+	var clients []*Client
+	for range 4 {
+		c, _ := newClusterClient(t, nodes, "sh", &Options{LockTTL: 30 * time.Second})
+		clients = append(clients, c)
+	}
+	var wg sync.WaitGroup
+	for _, c := range clients {
+		for g := range 5 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range ids {
+					id := fmt.Sprint("id", (i+g*20)%ids)
+					ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+					v, err := c.Get(ctx, id, fetch)
+					cancel()
+					if err != nil || string(v) != "v" {
+						t.Errorf("Get(%s) = %q, %v", id, v, err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if n := calls.Load(); n != ids {
+		t.Errorf("%d ids fetched %d times", ids, n)
+	}
+	var wakeups int64
+	for _, c := range clients {
+		wakeups += c.Stats().Wakeups
+	}
+	if wakeups == 0 {
+		t.Error("no waiter was woken by a notification: the test proves nothing")
+	}
+	var spublished int64
+	for _, n := range nodes {
+		if p := commandCalls(t, n, "publish"); p != 0 {
+			t.Errorf("node %s ran PUBLISH %d times", n.Addr, p)
+		}
+		s := commandCalls(t, n, "spublish")
+		if s == 0 {
+			t.Errorf("node %s ran no SPUBLISH: are the ids spread?", n.Addr)
+		}
+		spublished += s
+	}
+	if spublished < ids {
+		t.Errorf("%d SPUBLISH for %d stored values", spublished, ids)
+	}
+	t.Logf("%d SPUBLISH in all, %d wake-ups", spublished, wakeups)
+}
+
+// clusterNodeID returns the node's own id.
+func clusterNodeID(t testing.TB, n *redistest.Server) string {
+	t.Helper()
+	id, _ := n.Do(t, "CLUSTER", "MYID").(string)
+	if id == "" {
+		t.Fatalf("no CLUSTER MYID from %s", n.Addr)
+	}
+	return id
+}
+
+// migrateSlot moves slot, with its keys, from src to dst, and tells every
+// node.
+func migrateSlot(t testing.TB, nodes []*redistest.Server, slot int64, src, dst *redistest.Server) {
+	t.Helper()
+	srcID, dstID := clusterNodeID(t, src), clusterNodeID(t, dst)
+	dst.Do(t, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID)
+	src.Do(t, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID)
+	host, port, _ := strings.Cut(dst.Addr, ":")
+	for {
+		keys, _ := src.Do(t, "CLUSTER", "GETKEYSINSLOT", slot, 100).([]any)
+		if len(keys) == 0 {
+			break
+		}
+		args := []any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}
+		args = append(args, keys...)
+		if r := src.Do(t, args...); r != "OK" {
+			t.Fatalf("MIGRATE: %v", r)
+		}
+	}
+	for _, n := range []*redistest.Server{dst, src} {
+		n.Do(t, "CLUSTER", "SETSLOT", slot, "NODE", dstID)
+	}
+	for _, n := range nodes {
+		if n != src && n != dst {
+			n.Do(t, "CLUSTER", "SETSLOT", slot, "NODE", dstID)
+		}
+	}
+}
+
+// nodeOf returns the node that serves key's slot, and the slot.
+func nodeOf(t testing.TB, nodes []*redistest.Server, key string) (*redistest.Server, int64) {
+	t.Helper()
+	slot, _ := nodes[0].Do(t, "CLUSTER", "KEYSLOT", key).(int64)
+	slots, _ := nodes[0].Do(t, "CLUSTER", "SLOTS").([]any)
+	for _, r := range slots {
+		r := r.([]any)
+		lo, hi := r[0].(int64), r[1].(int64)
+		if slot < lo || slot > hi {
+			continue
+		}
+		master := r[2].([]any)
+		addr := fmt.Sprintf("%s:%d", master[0], master[1].(int64))
+		for _, n := range nodes {
+			if n.Addr == addr {
+				return n, slot
+			}
+		}
+	}
+	t.Fatalf("no node serves slot %d", slot)
+	return nil, 0
+}
+
+// A slot migrated to another master while waiters wait on it: Redis
+// unsubscribes their shard channels, and they watch again where the slot
+// is now, and get the value when the holder stores it there, promptly.
+func TestCluster_SlotMigrationDuringWaitLosesNoWaiter(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	opts := &Options{LockTTL: 30 * time.Second}
+	holder, _ := newClusterClient(t, nodes, "mig", opts)
+	waiter, _ := newClusterClient(t, nodes, "mig", opts)
+	src, slot := nodeOf(t, nodes, "mig:{k}")
+	dst := nodes[0]
+	if dst == src {
+		dst = nodes[1]
+	}
+	started, release := make(chan struct{}), make(chan struct{})
+	go func() {
+		_, _ = holder.Get(bg(), "k", func(ctx context.Context, _ *Lease) ([]byte, time.Duration, error) {
+			close(started)
+			select {
+			case <-release:
+			case <-ctx.Done(): // Close, if the test fails first
+				return nil, 0, ctx.Err()
+			}
+			return []byte("v"), time.Minute, nil
+		})
+	}()
+	<-started
+	got := make(chan string, 1)
+	go func() {
+		v, err := waiter.Get(bg(), "k", noFetch)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- string(v)
+	}()
+	eventually(t, 10*time.Second, "the waiter's sharded subscription", func() bool {
+		m, _ := src.Do(t, "PUBSUB", "SHARDNUMSUB", "mig/notif:{k}").([]any)
+		return len(m) == 2 && m[1] == int64(1)
+	})
+	migrateSlot(t, nodes, slot, src, dst)
+	eventually(t, 10*time.Second, "the waiter to subscribe where the slot is now", func() bool {
+		m, _ := dst.Do(t, "PUBSUB", "SHARDNUMSUB", "mig/notif:{k}").([]any)
+		return len(m) == 2 && m[1] == int64(1)
+	})
+	start := time.Now()
+	close(release)
+	select {
+	case v := <-got:
+		if v != "v" {
+			t.Errorf("waiter got %q", v)
+		}
+		t.Logf("woken %v after the store", time.Since(start))
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter was not woken within 5s (the lock TTL is 30s)")
+	}
+}

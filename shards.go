@@ -1,0 +1,97 @@
+package memolock
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// shards serves the waits of a client on a Redis Cluster, which publishes
+// with SPUBLISH (see scripts): one subscriber per master node that has
+// waiters, each with one sharded pub/sub connection to that node, never one
+// per slot or per key. go-redis re-sends all of a PubSub's shard channels
+// in one SSUBSCRIBE when it reconnects, which Redis refuses when they span
+// slots; a subscriber treats that, like any error, as a lost connection,
+// and subscribes again on a new one, one command per hash tag.
+//
+// A watch goes to the node that serves its channels' slot now. When that
+// node stops serving it (a migrated slot: Redis unsubscribes the channels,
+// and a new SSUBSCRIBE answers MOVED; a failed-over master: it cannot be
+// reached), its watches are told to move, and their waits look the value
+// up again and watch again, here, where the cluster now says the slot is.
+type shards struct {
+	cc    *redis.ClusterClient
+	stats *counters
+
+	mu     sync.Mutex
+	closed bool
+	subs   map[string]*subscriber // by node address
+}
+
+func newShards(cc *redis.ClusterClient, stats *counters) *shards {
+	return &shards{cc: cc, stats: stats, subs: make(map[string]*subscriber)}
+}
+
+// watch is subscriber.watch on the node that serves channels (all in one
+// slot). If the cluster cannot say which node that is, the watch carries
+// the error.
+func (r *shards) watch(onValue func(string), channels ...string) *watch {
+	s, err := r.node(channels[0])
+	if err != nil {
+		w := &watch{channels: channels, signal: make(chan struct{}, 1), onValue: onValue, err: err}
+		w.s = newSubscriberOn(nil, true, r.stats) // never started: it only serves take and unwatch
+		w.poke()
+		return w
+	}
+	return s.watch(onValue, channels...)
+}
+
+// node returns the subscriber for the master that serves key's slot.
+func (r *shards) node(key string) (*subscriber, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), pubsubTimeout)
+	defer cancel()
+	node, err := r.cc.MasterForKey(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	addr := node.Options().Addr
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.subs[addr]
+	if s == nil {
+		s = newSubscriberOn(func(ctx context.Context) *redis.PubSub { return node.SSubscribe(ctx) }, true, r.stats)
+		if r.closed {
+			s.close(0) // a watch added now is told so at once
+		}
+		r.subs[addr] = s
+	}
+	return s, nil
+}
+
+// moved is called by a wait whose watch was told to move: the cluster's
+// idea of its slots is out of date.
+func (r *shards) moved() {
+	r.cc.ReloadState(context.Background())
+}
+
+// close closes every node's subscriber, together, within d.
+func (r *shards) close(d time.Duration) {
+	r.mu.Lock()
+	r.closed = true
+	subs := make([]*subscriber, 0, len(r.subs))
+	for _, s := range r.subs {
+		subs = append(subs, s)
+	}
+	r.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, s := range subs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.close(d)
+		}()
+	}
+	wg.Wait()
+}
