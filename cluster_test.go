@@ -2,6 +2,7 @@ package memolock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -24,7 +25,14 @@ func newClusterClient(t testing.TB, nodes []*redistest.Server, tag string, opts 
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.Close(); _ = rdb.Close() })
+	t.Cleanup(func() {
+		_ = c.Close()
+		// Close waits for Redis only so long; with a node killed, work
+		// after the callers' answers (a store failure's release) may take
+		// go-redis's own timeouts to end.
+		waitTimeout(&c.wg, 10*time.Second)
+		_ = rdb.Close()
+	})
 	return c, rdb
 }
 
@@ -231,4 +239,119 @@ func TestCluster_SlotMigrationDuringWaitLosesNoWaiter(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the waiter was not woken within 5s (the lock TTL is 30s)")
 	}
+}
+
+// replicaOf returns the node that replicates master.
+func replicaOf(t testing.TB, nodes []*redistest.Server, master *redistest.Server) *redistest.Server {
+	t.Helper()
+	id := clusterNodeID(t, master)
+	var replica *redistest.Server
+	eventually(t, 10*time.Second, "a replica of "+master.Addr, func() bool {
+		out, _ := master.Do(t, "CLUSTER", "NODES").(string)
+		for _, line := range strings.Split(out, "\n") {
+			f := strings.Fields(line)
+			if len(f) < 4 || !strings.Contains(f[2], "slave") || f[3] != id {
+				continue
+			}
+			addr, _, _ := strings.Cut(f[1], "@")
+			for _, n := range nodes {
+				if n.Addr == addr {
+					replica = n
+					return true
+				}
+			}
+		}
+		return false
+	})
+	return replica
+}
+
+// failoverCase parks a waiter on id k, whose lock a holder holds, then
+// runs fault, then lets the holder finish: the waiter must get a value (or
+// a clear error) well within the lock TTL.
+func failoverCase(t *testing.T, fault func(nodes []*redistest.Server, master *redistest.Server)) {
+	nodes := redistest.StartClusterWithReplicas(t, 3, 1)
+	opts := &Options{LockTTL: 20 * time.Second}
+	holder, _ := newClusterClient(t, nodes, "fo", opts)
+	waiter, _ := newClusterClient(t, nodes, "fo", opts)
+	master, _ := nodeOf(t, nodes, "fo:{k}")
+	started, release := make(chan struct{}), make(chan struct{})
+	go func() {
+		_, _ = holder.Get(bg(), "k", func(ctx context.Context, _ *Lease) ([]byte, time.Duration, error) {
+			close(started)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return nil, 0, ctx.Err()
+			}
+			return []byte("v"), time.Minute, nil
+		})
+	}()
+	<-started
+	type answer struct {
+		v   string
+		err error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		v, err := waiter.Get(bg(), "k", func(context.Context, *Lease) ([]byte, time.Duration, error) {
+			return []byte("recomputed"), time.Minute, nil
+		})
+		got <- answer{string(v), err}
+	}()
+	eventually(t, 10*time.Second, "the waiter's sharded subscription", func() bool {
+		m, _ := master.Do(t, "PUBSUB", "SHARDNUMSUB", "fo/notif:{k}").([]any)
+		return len(m) == 2 && m[1] == int64(1)
+	})
+	fault(nodes, master)
+	start := time.Now()
+	close(release)
+	select {
+	case a := <-got:
+		// The holder's lock may be lost with the old master (replication
+		// is asynchronous): then the waiter computes. A lookup that meets
+		// the dead master before its replica took over fails, as any
+		// command would then: a clear error, at once, is an answer too.
+		ok := a.err == nil && (a.v == "v" || a.v == "recomputed")
+		if !ok && !errors.Is(a.err, ErrRedis) {
+			t.Errorf("waiter: %q, %v", a.v, a.err)
+		}
+		t.Logf("waiter answered %q %v after the holder finished", a.v, time.Since(start))
+	case <-time.After(15 * time.Second):
+		t.Fatal("the waiter had no answer 15s after the holder finished (the lock TTL is 20s)")
+	}
+}
+
+// A master's replica takes over with CLUSTER FAILOVER while a waiter waits
+// on a slot of that master.
+func TestCluster_FailoverDuringWaitLosesNoWaiter(t *testing.T) {
+	failoverCase(t, func(nodes []*redistest.Server, master *redistest.Server) {
+		replica := replicaOf(t, nodes, master)
+		replica.Do(t, "CLUSTER", "FAILOVER")
+		eventually(t, 10*time.Second, "the replica to take over", func() bool {
+			role, _ := replica.Do(t, "ROLE").([]any)
+			return len(role) > 0 && role[0] == "master"
+		})
+	})
+}
+
+// A master killed with SIGKILL while a waiter waits on one of its slots:
+// its replica takes over.
+func TestCluster_MasterKilledDuringWaitLosesNoWaiter(t *testing.T) {
+	failoverCase(t, func(nodes []*redistest.Server, master *redistest.Server) {
+		replica := replicaOf(t, nodes, master)
+		master.Kill()
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			role, _ := replica.Do(t, "ROLE").([]any)
+			if len(role) > 0 && role[0] == "master" {
+				break
+			}
+			if time.Now().After(deadline) {
+				nodesInfo, _ := replica.Do(t, "CLUSTER", "NODES").(string)
+				t.Fatalf("the replica did not take over within 15s: role %v\n%s", role, nodesInfo)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
 }

@@ -1,7 +1,7 @@
 // Command memolock shows memolock working and memoizes commands through Redis.
 //
 //	memolock demo [--redis URL] [--clients N] [--goroutines N] [--fetch D]
-//	memolock run --tag T --id ID --ttl D [--redis URL] [--lock-ttl D] [--wait D] -- CMD [ARGS...]
+//	memolock run --tag T --id ID --ttl D [--redis URL [--cluster]] [--lock-ttl D] [--wait D] -- CMD [ARGS...]
 //
 // demo runs a stampede on one missing key, with memolock and without it, on
 // an embedded miniredis unless --redis is given.
@@ -37,7 +37,7 @@ func (quiet) Printf(context.Context, string, ...any) {}
 const usage = `usage:
   memolock demo [--redis URL] [--clients N] [--goroutines N] [--fetch D]
   memolock demo --interop [--redis URL] [--processes N] [--interop-dir DIR]
-  memolock run --tag T --id ID --ttl D [--redis URL] [--lock-ttl D] [--wait D] -- CMD [ARGS...]
+  memolock run --tag T --id ID --ttl D [--redis URL [--cluster]] [--lock-ttl D] [--wait D] -- CMD [ARGS...]
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -74,6 +74,26 @@ func parseRedisURL(raw string) (*redis.Options, error) {
 	return opts, nil
 }
 
+// openRedis returns a client for a --redis URL: a cluster client, with
+// the URL's host and each addr parameter as seed nodes, if cluster is set.
+func openRedis(raw string, cluster bool) (redis.UniversalClient, error) {
+	if !cluster {
+		opts, err := parseRedisURL(raw)
+		if err != nil {
+			return nil, err
+		}
+		return redis.NewClient(opts), nil
+	}
+	if redact(raw) == withheld {
+		return nil, fmt.Errorf("%s is not of the form redis://[user:password@]host:port?addr=host2:port2", withheld)
+	}
+	opts, err := redis.ParseClusterURL(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s is not a valid Redis Cluster URL", redact(raw))
+	}
+	return redis.NewClusterClient(opts), nil
+}
+
 const withheld = "(URL withheld)"
 
 // redact returns a Redis URL fit for output: its scheme, host and path
@@ -102,7 +122,9 @@ func redact(raw string) string {
 			return withheld
 		}
 		for k := range q {
-			q[k] = []string{"xxxxx"}
+			if k != "addr" { // a cluster URL's seed nodes are no secret
+				q[k] = []string{"xxxxx"}
+			}
 		}
 		out.RawQuery = q.Encode()
 	}

@@ -138,6 +138,50 @@ func TestRun_ConcurrentInvocationsRunCommandOnce(t *testing.T) {
 	}
 }
 
+// With --cluster, run takes a cluster URL (seed nodes as addr
+// parameters): concurrent invocations over ids in different slots run each
+// command once, and the ids are placed by memolock (cli:{id}).
+func TestRun_ClusterStampede(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	url := "redis://" + nodes[0].Addr + "?addr=" + nodes[1].Addr + "&addr=" + nodes[2].Addr
+	dir := t.TempDir()
+	ids := []string{"a", "b", "c", "d"}
+	results := make([]invocation, 3*len(ids))
+	var wg sync.WaitGroup
+	for i := range results {
+		id := ids[i%len(ids)]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			script := fmt.Sprintf(`echo run >> %s; sleep 0.5; echo "report %s"`, filepath.Join(dir, id), id)
+			results[i] = memolockCmd(t, nil, "run", "--redis", url, "--cluster", "--tag", "cli", "--id", id,
+				"--ttl", "1m", "--", "sh", "-c", script)
+		}()
+	}
+	wg.Wait()
+	for i, r := range results {
+		if id := ids[i%len(ids)]; r.code != 0 || r.stdout != "report "+id+"\n" {
+			t.Errorf("invocation %d: exit %d, stdout %q, stderr %q", i, r.code, r.stdout, r.stderr)
+		}
+	}
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr}})
+	defer rdb.Close()
+	for _, id := range ids {
+		runs, _ := os.ReadFile(filepath.Join(dir, id))
+		if c := strings.Count(string(runs), "run"); c != 1 {
+			t.Errorf("command for %s ran %d times", id, c)
+		}
+		if v := rdb.Get(context.Background(), "cli:{"+id+"}").Val(); v != "report "+id+"\n" {
+			t.Errorf("cli:{%s} holds %q", id, v)
+		}
+	}
+	// A cluster URL that does not parse is refused without echoing it.
+	inv := memolockCmd(t, nil, "run", "--redis", "redis://:s3cret@"+nodes[0].Addr+"?addr=%zz", "--cluster", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "true")
+	if inv.code != 2 || strings.Contains(inv.stderr, "s3cret") {
+		t.Errorf("bad cluster URL: exit %d, stderr %q", inv.code, inv.stderr)
+	}
+}
+
 func TestRun_FailingCommandCachesNothing(t *testing.T) {
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr

@@ -15,8 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/memolock/memolock"
 )
 
@@ -70,6 +68,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	ttl := fs.Duration("ttl", 0, "how long the output stays cached, 0 for ever (required)")
 	lockTTL := fs.Duration("lock-ttl", memolock.DefaultLockTTL, "lock TTL: how soon others take over if this process dies")
 	wait := fs.Duration("wait", 0, "give up waiting after this long, exit 124 (0: no limit)")
+	cluster := fs.Bool("cluster", false, "--redis is a Redis Cluster: redis://host:port?addr=host2:port2&addr=... (seed nodes)")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -100,12 +99,11 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		*redisURL = defaultRedisURL
 	}
 
-	opts, err := parseRedisURL(*redisURL)
+	rdb, err := openRedis(*redisURL, *cluster)
 	if err != nil {
 		fmt.Fprintf(stderr, "memolock run: --redis %v\n", err)
 		return exitUsage
 	}
-	rdb := redis.NewClient(opts)
 	defer rdb.Close()
 
 	p := &progress{stderr: stderr, name: *tag + ":" + *id, started: time.Now()}

@@ -192,6 +192,17 @@ func StartSentinel(t testing.TB, master *Server) *Server {
 // it when the test ends. It returns the nodes.
 func StartCluster(t testing.TB, n int) []*Server {
 	t.Helper()
+	return StartClusterWithReplicas(t, n, 0)
+}
+
+// StartClusterWithReplicas starts masters redis-servers in cluster mode,
+// each with replicas replicas, and a node timeout of 1s so that a killed
+// master fails over within seconds. The masters come first in the result,
+// then the replicas (which replica follows which master is the cluster's
+// choice: ask CLUSTER NODES).
+func StartClusterWithReplicas(t testing.TB, masters, replicas int) []*Server {
+	t.Helper()
+	n := masters * (1 + replicas)
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
 		if os.Getenv("CI") == "true" {
@@ -202,19 +213,23 @@ func StartCluster(t testing.TB, n int) []*Server {
 	var nodes []*Server
 	args := []string{"--cluster", "create"}
 	for range n {
-		s := Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+		s := Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000")
 		nodes = append(nodes, s)
 		args = append(args, s.Addr)
 	}
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for _, s := range nodes {
 		for {
 			info, _ := s.Do(t, "CLUSTER", "INFO").(string)
-			if strings.Contains(info, "cluster_state:ok") {
+			repl, _ := s.Do(t, "INFO", "replication").(string)
+			// A replica counts once it has synced: one that never did
+			// cannot take over when its master dies.
+			synced := !strings.Contains(repl, "role:slave") || strings.Contains(repl, "master_link_status:up")
+			if strings.Contains(info, "cluster_state:ok") && synced {
 				break
 			}
 			if time.Now().After(deadline) {
