@@ -93,7 +93,7 @@ func TestGet_WorksOverRESP2AndRESP3(t *testing.T) {
 
 // On a cluster the client places every id itself: the keys and channels
 // of "id7" are cl:{id7}, cl/lock:{id7}, ..., all in one slot, with or
-// without HashIDs; an id that holds a hash tag keeps it.
+// without HashIDs.
 func TestGet_ClusterPlacesIDs(t *testing.T) {
 	nodes := redistest.StartCluster(t, 3)
 	raw := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr}})
@@ -140,7 +140,7 @@ func TestGet_ClusterPlacesIDs(t *testing.T) {
 			if v := raw.Get(bg(), want).Val(); v != "v of id7" {
 				t.Errorf("%s holds %q", want, v)
 			}
-			// Empty ids cannot be placed, unless hashed.
+			// The empty id cannot be placed, unless hashed.
 			_, err := cs[0].Get(bg(), "", constFetch(&calls, "empty", 0))
 			if hashed != (err == nil) {
 				t.Errorf("empty id, HashIDs %v: %v", hashed, err)
@@ -155,13 +155,13 @@ func TestGet_ClusterPlacesIDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	// An id with a hash tag keeps it: callers who placed ids keep their keys.
+	// An id with braces of its own is wrapped too: no two ids share keys.
 	var calls atomic.Int64
 	if _, err := c.Get(bg(), "{user-42}", constFetch(&calls, "v", 0)); err != nil {
 		t.Fatal(err)
 	}
-	if v := raw.Get(bg(), "cl:{user-42}").Val(); v != "v" {
-		t.Errorf("cl:{user-42} holds %q", v)
+	if v := raw.Get(bg(), "cl:{{user-42}}").Val(); v != "v" {
+		t.Errorf("cl:{{user-42}} holds %q", v)
 	}
 	if p, err := c.Peek(bg(), "{user-42}"); err != nil || string(p.Value) != "v" {
 		t.Errorf("Peek: %+v, %v", p, err)

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -354,4 +355,205 @@ func TestCluster_MasterKilledDuringWaitLosesNoWaiter(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	})
+}
+
+// Every key and channel of an id placed by PlaceID must land in one slot,
+// by Redis's own rule (CLUSTER KEYSLOT).
+func TestPlaceID_KeysShareOneSlot(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	ids := []string{"a", "{", "}", "{}", "}{", "{}{}", "}x", "}}", "}{x}", "x}", "a{b}c", "{a}", "{{}}", "{}x{y}", "}{}", "a}{", "{x", "x{", "{}}", "}{{}"}
+	keys, _ := NewKeyScheme("t")
+	for _, id := range ids {
+		placed, ok := PlaceID(id)
+		if !ok {
+			if !strings.HasPrefix(id, "}") {
+				t.Errorf("id %q refused", id)
+			}
+			continue
+		}
+		all := []string{keys.Value(placed), keys.Lock(placed), keys.Notif(placed), keys.Events(placed), keys.NotFound(placed), keys.Stale(placed)}
+		slots := map[int64][]string{}
+		for _, k := range all {
+			s, _ := nodes[0].Do(t, "CLUSTER", "KEYSLOT", k).(int64)
+			slots[s] = append(slots[s], k)
+		}
+		if len(slots) != 1 {
+			t.Errorf("id %q placed as %q: its keys span %d slots: %v", id, placed, len(slots), slots)
+		}
+	}
+}
+
+// Two different ids never share keys: "x" is placed as "{x}", and the id
+// "{x}" as "{{x}}".
+func TestPlaceID_IDsNeverShareKeys(t *testing.T) {
+	for _, pair := range [][2]string{{"x", "{x}"}, {"{}x", "{{}x}"}, {"a}b", "{a}b}"}} {
+		a, _ := PlaceID(pair[0])
+		b, _ := PlaceID(pair[1])
+		if a == b {
+			t.Errorf("ids %q and %q are both sent as %q: they share value, lock and channels", pair[0], pair[1], a)
+		}
+	}
+}
+
+// The same, end to end on a cluster: Get of "{x}" computes its own value.
+func TestCluster_BracedIDIsItsOwn(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	c, _ := newClusterClient(t, nodes, "col", &Options{LockTTL: 5 * time.Second})
+	ctx := bg()
+	if _, err := c.Get(ctx, "x", func(context.Context, *Lease) ([]byte, time.Duration, error) {
+		return []byte("value of x"), time.Minute, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var fetched atomic.Bool
+	v, err := c.Get(ctx, "{x}", func(context.Context, *Lease) ([]byte, time.Duration, error) {
+		fetched.Store(true)
+		return []byte("value of {x}"), time.Minute, nil
+	})
+	if err != nil || !fetched.Load() {
+		t.Errorf("Get({x}) = %q, %v, fetched %v: want its own value", v, err, fetched.Load())
+	}
+}
+
+// An id beginning with "}" would be placed as "{}…}", whose braces Redis
+// ignores (an empty tag), so that its keys span slots: it is refused, and
+// works hashed.
+func TestCluster_IDStartingWithCloseBraceIsRejected(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	c, _ := newClusterClient(t, nodes, "br", &Options{LockTTL: 5 * time.Second})
+	for _, id := range []string{"}", "}{", "}x"} {
+		ctx, cancel := context.WithTimeout(bg(), 5*time.Second)
+		v, err := c.Get(ctx, id, func(context.Context, *Lease) ([]byte, time.Duration, error) {
+			return []byte("v"), time.Minute, nil
+		})
+		cancel()
+		if !errors.Is(err, ErrInvalid) {
+			t.Errorf("Get(%q) = %q, %v; want ErrInvalid", id, v, err)
+		}
+	}
+	hashed, _ := newClusterClient(t, nodes, "br", &Options{HashIDs: true})
+	if v, err := hashed.Get(bg(), "}x", constFetch(new(atomic.Int64), "v", 0)); err != nil || string(v) != "v" {
+		t.Errorf("hashed: %q, %v", v, err)
+	}
+}
+
+// Close while waiters wait on a cluster: they end with ErrClosed, promptly.
+func TestCluster_CloseWhileWaiting(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	holder, _ := newClusterClient(t, nodes, "cw", &Options{LockTTL: 20 * time.Second})
+	waiter, _ := newClusterClient(t, nodes, "cw", &Options{LockTTL: 20 * time.Second})
+	started, release := make(chan struct{}), make(chan struct{})
+	go func() {
+		_, _ = holder.Get(bg(), "k", func(ctx context.Context, _ *Lease) ([]byte, time.Duration, error) {
+			close(started)
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return []byte("v"), time.Minute, nil
+		})
+	}()
+	<-started
+	defer close(release)
+	errs := make(chan error, 3)
+	for _, id := range []string{"k", "k", "k"} {
+		go func() {
+			_, err := waiter.Get(bg(), id, noFetch)
+			errs <- err
+		}()
+	}
+	eventually(t, 5*time.Second, "waits", func() bool { return waiter.Stats().Waits > 0 })
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	_ = waiter.Close()
+	for range 3 {
+		select {
+		case err := <-errs:
+			if !errors.Is(err, ErrClosed) {
+				t.Errorf("waiter: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("waiter not ended by Close")
+		}
+	}
+	t.Logf("closed in %v", time.Since(start))
+}
+
+// A master frozen (SIGSTOP: a hung host, a network partition that drops
+// packets) while a waiter waits on one of its slots: its replica takes
+// over and the holder stores the value there. Nothing tells the waiter:
+// the frozen node sends no unsubscribe, and go-redis may still route its
+// lookups there. Its lock timer is the backstop: it answers within the
+// lock TTL of its last lookup, never later.
+func TestCluster_FrozenMasterDuringWait(t *testing.T) {
+	nodes := redistest.StartClusterWithReplicas(t, 3, 1)
+	opts := &Options{LockTTL: 30 * time.Second}
+	holder, hrdb := newClusterClient(t, nodes, "fz", opts)
+	waiter, _ := newClusterClient(t, nodes, "fz", opts)
+	master, _ := nodeOf(t, nodes, "fz:{k}")
+	replica := replicaOf(t, nodes, master)
+	started, release := make(chan struct{}), make(chan struct{})
+	stored := make(chan error, 1)
+	go func() {
+		_, err := holder.Get(bg(), "k", func(ctx context.Context, _ *Lease) ([]byte, time.Duration, error) {
+			close(started)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return nil, 0, ctx.Err()
+			}
+			return []byte("v"), time.Minute, nil
+		})
+		stored <- err
+	}()
+	<-started
+	got := make(chan error, 1)
+	waitStart := time.Now()
+	go func() {
+		_, err := waiter.Get(bg(), "k", noFetch)
+		got <- err
+	}()
+	eventually(t, 10*time.Second, "the waiter's sharded subscription", func() bool {
+		m, _ := master.Do(t, "PUBSUB", "SHARDNUMSUB", "fz/notif:{k}").([]any)
+		return len(m) == 2 && m[1] == int64(1)
+	})
+	info, _ := master.Do(t, "INFO", "server").(string)
+	pid := 0
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "process_id:"); ok {
+			pid, _ = strconv.Atoi(v)
+		}
+	}
+	if pid == 0 {
+		t.Fatal("no pid")
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+	eventually(t, 15*time.Second, "the replica to take over", func() bool {
+		role, _ := replica.Do(t, "ROLE").([]any)
+		return len(role) > 0 && role[0] == "master"
+	})
+	// The holder's client learns the new map before it stores.
+	eventually(t, 10*time.Second, "the holder's client to know the new master", func() bool {
+		hrdb.ReloadState(bg())
+		n, err := hrdb.MasterForKey(bg(), "fz:{k}")
+		return err == nil && n.Options().Addr == replica.Addr
+	})
+	start := time.Now()
+	close(release)
+	if err := <-stored; err != nil {
+		t.Logf("holder: %v", err)
+	}
+	t.Logf("holder done %v after release; value on new master: %v", time.Since(start), replica.Do(t, "GET", "fz:{k}"))
+	select {
+	case err := <-got:
+		t.Logf("waiter answered %v after the store, %v after it began: %v", time.Since(start), time.Since(waitStart), err)
+		if err != nil && !errors.Is(err, ErrRedis) {
+			t.Errorf("waiter: %v", err)
+		}
+	case <-time.After(time.Until(waitStart.Add(35 * time.Second))):
+		t.Fatalf("the waiter had no answer 35s after it began (lock TTL 30s); stats %+v", waiter.Stats())
+	}
 }

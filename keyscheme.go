@@ -70,17 +70,14 @@ func (k KeyScheme) NotFound(id string) string { return k.tag + "/lock-notfound:"
 func (k KeyScheme) Stale(id string) string { return k.tag + "/lock-stale:" + id }
 
 // PlaceID returns the id that Options.HashTags sends to Redis in place of
-// id (already hashed, with HashIDs): id itself if it holds a hash tag (a
-// "{" followed, later, by a "}" with something between), which then
-// chooses the slot, else id in braces. It reports false for the empty id,
-// which no hash tag can hold.
+// id (already hashed, with HashIDs): id in braces, so that every key and
+// channel of id hashes by the same tag, and no two ids share one (an id
+// that holds braces of its own is wrapped too: "{x}" goes as "{{x}}").
+// Redis hashes what lies between a key's first "{" and the first "}" after
+// it, and ignores an empty tag: it reports false for the ids that would
+// make one, the empty id and ids that start with "}".
 func PlaceID(id string) (string, bool) {
-	if i := strings.IndexByte(id, '{'); i >= 0 {
-		if j := strings.IndexByte(id[i+1:], '}'); j > 0 {
-			return id, true
-		}
-	}
-	if id == "" {
+	if id == "" || id[0] == '}' {
 		return "", false
 	}
 	return "{" + id + "}", true
@@ -96,7 +93,7 @@ func (c *Client) wireID(id string) (string, error) {
 	if c.hashTags {
 		placed, ok := PlaceID(key)
 		if !ok {
-			return "", fmt.Errorf("%w: the empty id cannot be placed in a cluster slot; set Options.HashIDs to use it", ErrInvalid)
+			return "", fmt.Errorf("%w: id %s cannot be placed in a cluster slot (it is empty or starts with \"}\"); set Options.HashIDs to use it", ErrInvalid, quote(id))
 		}
 		key = placed
 	}

@@ -76,10 +76,10 @@ type Options struct {
 	// Cluster slot by wrapping the id (hashed, with HashIDs) in braces:
 	// T:{I}, T/lock:{I}, T/notif:{I} and so on (see PlaceID). It is on by
 	// itself when rdb is a *redis.ClusterClient; set it for another client
-	// in front of a cluster (a proxy). An id that already holds a hash tag
-	// ("{user-42}", "a{b}c") is sent as it is, so that callers who place
-	// ids themselves keep their keys. The empty id cannot be placed (use
-	// HashIDs), and the tag must not contain braces. Original
+	// in front of a cluster (a proxy). Ids with braces of their own are
+	// wrapped too ("{user-42}" goes as "{{user-42}}"), so that no two ids
+	// share keys. The empty id and ids that start with "}" cannot be placed
+	// (use HashIDs), and the tag must not contain braces. Original
 	// redis-memolock peers know nothing of it: they cannot share a tag
 	// with a client that places ids.
 	HashTags bool

@@ -27,11 +27,19 @@ type shards struct {
 
 	mu     sync.Mutex
 	closed bool
-	subs   map[string]*subscriber // by node address
+	subs   map[string]nodeSub // by node address
+}
+
+// nodeSub is the subscriber of one node, and go-redis's client of that
+// node, which go-redis may close and replace (a node that left the slot
+// map and came back).
+type nodeSub struct {
+	sub    *subscriber
+	client *redis.Client
 }
 
 func newShards(cc *redis.ClusterClient, stats *counters) *shards {
-	return &shards{cc: cc, stats: stats, subs: make(map[string]*subscriber)}
+	return &shards{cc: cc, stats: stats, subs: make(map[string]nodeSub)}
 }
 
 // watch is subscriber.watch on the node that serves channels (all in one
@@ -58,16 +66,24 @@ func (r *shards) node(key string) (*subscriber, error) {
 	}
 	addr := node.Options().Addr
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	s := r.subs[addr]
-	if s == nil {
-		s = newSubscriberOn(func(ctx context.Context) *redis.PubSub { return node.SSubscribe(ctx) }, true, r.stats)
+	ns := r.subs[addr]
+	var old *subscriber
+	if ns.sub == nil || ns.client != node {
+		old = ns.sub
+		ns = nodeSub{sub: newSubscriberOn(func(ctx context.Context) *redis.PubSub { return node.SSubscribe(ctx) }, true, r.stats), client: node}
 		if r.closed {
-			s.close(0) // a watch added now is told so at once
+			ns.sub.close(0) // a watch added now is told so at once
 		}
-		r.subs[addr] = s
+		r.subs[addr] = ns
 	}
-	return s, nil
+	r.mu.Unlock()
+	if old != nil {
+		// go-redis replaced its client of that node: the old one may be
+		// closed. Its watches move here.
+		old.rehome()
+		go old.close(closeWait)
+	}
+	return ns.sub, nil
 }
 
 // moved is called by a wait whose watch was told to move: the cluster's
@@ -81,8 +97,8 @@ func (r *shards) close(d time.Duration) {
 	r.mu.Lock()
 	r.closed = true
 	subs := make([]*subscriber, 0, len(r.subs))
-	for _, s := range r.subs {
-		subs = append(subs, s)
+	for _, ns := range r.subs {
+		subs = append(subs, ns.sub)
 	}
 	r.mu.Unlock()
 	var wg sync.WaitGroup

@@ -576,6 +576,12 @@ func (s *subscriber) fail(gen uint64) {
 	if first && s.onBreak != nil {
 		s.onBreak()
 	}
+	if first && s.sharded {
+		// The node may have stopped serving the slots (a failover), or be
+		// frozen: a new connection to it may well succeed and never hear
+		// a thing. The watches look again, and go where the cluster says.
+		s.rehome()
+	}
 	s.wake()
 }
 

@@ -17,6 +17,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"os"
 	"strings"
@@ -121,9 +122,13 @@ func redact(raw string) string {
 		if err != nil {
 			return withheld
 		}
-		for k := range q {
-			if k != "addr" { // a cluster URL's seed nodes are no secret
-				q[k] = []string{"xxxxx"}
+		for k, vs := range q {
+			for i, v := range vs {
+				// A cluster URL's seed nodes are no secret, if that is
+				// all they are: host:port.
+				if _, _, err := net.SplitHostPort(v); k != "addr" || err != nil || strings.ContainsAny(v, "@/") {
+					vs[i] = "xxxxx"
+				}
 			}
 		}
 		out.RawQuery = q.Encode()

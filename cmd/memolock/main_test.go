@@ -292,3 +292,23 @@ func TestRun_BadUsage(t *testing.T) {
 		}
 	}
 }
+
+// A cluster URL's addr parameters are shown only when they are host:port:
+// userinfo in them is a password, however it is written.
+func TestRedact_ClusterAddrUserinfo(t *testing.T) {
+	for _, raw := range []string{
+		"redis://:pw@h1:7000?addr=user:s3cret@h2:7001",
+		"redis://h1:7000?addr=redis://u:s3cret@h2:7001",
+		"redis://h1:7000?addr=:s3cret@h2:7001&dial_timeout=bogus",
+	} {
+		if out := redact(raw); strings.Contains(out, "s3cret") {
+			t.Errorf("redact(%q) = %q: the password shows", raw, out)
+		}
+		if _, err := openRedis(raw, true); err != nil && strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("openRedis(%q): %v", raw, err)
+		}
+	}
+	if out := redact("redis://:pw@h1:7000?addr=h2:7001&addr=h3:7002"); !strings.Contains(out, "addr=h2%3A7001") || strings.Contains(out, "pw") {
+		t.Errorf("plain seed nodes: %q", out)
+	}
+}
