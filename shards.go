@@ -25,6 +25,10 @@ type shards struct {
 	cc    *redis.ClusterClient
 	stats *counters
 
+	// idle serves the watches that could not be placed: it never
+	// connects, and only answers take and unwatch.
+	idle *subscriber
+
 	mu     sync.Mutex
 	closed bool
 	subs   map[string]nodeSub // by node address
@@ -39,7 +43,7 @@ type nodeSub struct {
 }
 
 func newShards(cc *redis.ClusterClient, stats *counters) *shards {
-	return &shards{cc: cc, stats: stats, subs: make(map[string]nodeSub)}
+	return &shards{cc: cc, stats: stats, subs: make(map[string]nodeSub), idle: newSubscriberOn(nil, true, stats)}
 }
 
 // watch is subscriber.watch on the node that serves channels (all in one
@@ -49,7 +53,7 @@ func (r *shards) watch(onValue func(string), channels ...string) *watch {
 	s, err := r.node(channels[0])
 	if err != nil {
 		w := &watch{channels: channels, signal: make(chan struct{}, 1), onValue: onValue, err: err}
-		w.s = newSubscriberOn(nil, true, r.stats) // never started: it only serves take and unwatch
+		w.s = r.idle
 		w.poke()
 		return w
 	}
