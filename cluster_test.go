@@ -1,9 +1,13 @@
 package memolock
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -555,5 +559,117 @@ func TestCluster_FrozenMasterDuringWait(t *testing.T) {
 		}
 	case <-time.After(time.Until(waitStart.Add(35 * time.Second))):
 		t.Fatalf("the waiter had no answer 35s after it began (lock TTL 30s); stats %+v", waiter.Stats())
+	}
+}
+
+const clusterChildEnv = "MEMOLOCK_CLUSTER_CHILD"
+
+// runClusterChild is one process of TestCluster_StampedeAcrossProcesses:
+// once told "go" on stdin, 200 goroutines each get the 100 ids, and it
+// prints one "fetched <id>" line per fetch it ran, then "errors <n>".
+func runClusterChild(spec string) {
+	f := strings.Fields(spec) // hashed addr tag
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{f[1]}})
+	defer rdb.Close()
+	c, err := New(rdb, f[2], &Options{LockTTL: 30 * time.Second, HashIDs: f[0] == "true"})
+	if err != nil {
+		panic(err)
+	}
+	defer c.Close()
+	fmt.Println("ready")
+	in := make([]byte, 3)
+	_, _ = os.Stdin.Read(in)
+	var mu sync.Mutex
+	var fetched []string
+	var errs atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 100 {
+				id := fmt.Sprint("id", (i+g)%100)
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				v, err := c.Get(ctx, id, func(context.Context, *Lease) ([]byte, time.Duration, error) {
+					mu.Lock()
+					fetched = append(fetched, id)
+					mu.Unlock()
+					time.Sleep(50 * time.Millisecond)
+					return []byte("v of " + id), time.Minute, nil
+				})
+				cancel()
+				if err != nil || string(v) != "v of "+id {
+					errs.Add(1)
+					fmt.Fprintf(os.Stderr, "Get(%s) = %q, %v\n", id, v, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, id := range fetched {
+		fmt.Println("fetched", id)
+	}
+	fmt.Println("errors", errs.Load())
+}
+
+// 8 processes x 200 goroutines over 100 ids, without hash tags from the
+// caller, with and without HashIDs: each id is computed exactly once, across
+// all of them, and every call gets its value.
+func TestCluster_StampedeAcrossProcesses(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	for _, hashed := range []bool{false, true} {
+		t.Run(fmt.Sprint("HashIDs=", hashed), func(t *testing.T) {
+			tag := fmt.Sprint("procs", hashed)
+			type child struct {
+				cmd *exec.Cmd
+				in  io.WriteCloser
+				out *bufio.Scanner
+			}
+			var children []child
+			for range 8 {
+				cmd := exec.Command(os.Args[0], "-test.run=^$")
+				cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%v %s %s", clusterChildEnv, hashed, nodes[0].Addr, tag))
+				cmd.Stderr = os.Stderr
+				in, err := cmd.StdinPipe()
+				if err != nil {
+					t.Fatal(err)
+				}
+				out, err := cmd.StdoutPipe()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+				ch := child{cmd, in, bufio.NewScanner(out)}
+				if !ch.out.Scan() || ch.out.Text() != "ready" {
+					t.Fatalf("a child did not start: %q", ch.out.Text())
+				}
+				children = append(children, ch)
+			}
+			for _, ch := range children {
+				_, _ = io.WriteString(ch.in, "go\n")
+			}
+			fetches := map[string]int{}
+			for _, ch := range children {
+				for ch.out.Scan() {
+					line := ch.out.Text()
+					if id, ok := strings.CutPrefix(line, "fetched "); ok {
+						fetches[id]++
+					} else if n, ok := strings.CutPrefix(line, "errors "); ok && n != "0" {
+						t.Errorf("a child had %s failed Gets", n)
+					}
+				}
+			}
+			if len(fetches) != 100 {
+				t.Errorf("%d ids fetched; want 100", len(fetches))
+			}
+			for id, n := range fetches {
+				if n != 1 {
+					t.Errorf("%s fetched %d times", id, n)
+				}
+			}
+		})
 	}
 }

@@ -25,6 +25,10 @@ func TestMain(m *testing.M) {
 		runWakeChild(spec)
 		return
 	}
+	if spec := os.Getenv(clusterChildEnv); spec != "" {
+		runClusterChild(spec)
+		return
+	}
 	// go-redis logs every failed dial; the outage tests make many on purpose.
 	redis.SetLogger(quietLogger{})
 	goleak.VerifyTestMain(m)
