@@ -28,6 +28,7 @@ func demo(args []string, stdout, stderr io.Writer) int {
 	interop := fs.Bool("interop", false, "run Go, Python and C# processes (memolock run) on one key instead (--fetch at least 1s)")
 	interopDir := fs.String("interop-dir", "interop", "with --interop: the repository's interop directory")
 	perPeer := fs.Int("processes", 2, "with --interop: processes per language")
+	cluster := fs.Bool("cluster", false, "--redis is a Redis Cluster: redis://host:port?addr=host2:port2&addr=... (seed nodes)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -45,10 +46,24 @@ func demo(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 
+	if *cluster && (*redisURL == "" || *interop) {
+		fmt.Fprintln(stderr, "memolock demo: --cluster needs --redis with a cluster URL, and does not apply to --interop")
+		return 2
+	}
 	opts := &redis.Options{}
+	// newRDB makes one client: of one server, or of the cluster.
+	newRDB := func() redis.UniversalClient { o := *opts; return redis.NewClient(&o) }
 	where := "embedded miniredis"
 	url := *redisURL
-	if *redisURL == "" {
+	if *cluster {
+		copts, err := redis.ParseClusterURL(*redisURL)
+		if err != nil || redact(*redisURL) == withheld {
+			fmt.Fprintf(stderr, "memolock demo: --redis %s is not a valid Redis Cluster URL\n", redact(*redisURL))
+			return 2
+		}
+		newRDB = func() redis.UniversalClient { o := *copts; return redis.NewClusterClient(&o) }
+		where = "cluster " + redact(*redisURL)
+	} else if *redisURL == "" {
 		m, err := miniredis.Run()
 		if err != nil {
 			fmt.Fprintf(stderr, "memolock demo: starting miniredis: %v\n", err)
@@ -96,13 +111,20 @@ func demo(args []string, stdout, stderr io.Writer) int {
 
 	plainKey := tag + ":" + id + ":unprotected"
 	defer func() {
-		cleanup := redis.NewClient(opts)
-		_ = cleanup.Del(context.Background(), tag+":"+id, tag+"/lock:"+id, plainKey).Err()
+		cleanup := newRDB()
+		wire := id
+		if *cluster {
+			wire, _ = memolock.PlaceID(id)
+		}
+		// One key at a time: on a cluster they are in different slots.
+		for _, k := range []string{tag + ":" + wire, tag + "/lock:" + wire, plainKey} {
+			_ = cleanup.Del(context.Background(), k).Err()
+		}
 		_ = cleanup.Close()
 	}()
 
 	fmt.Fprintf(stdout, "%-15s %13s %12s %12s %15s\n", "", "computations", "p50 latency", "p99 latency", "redis commands")
-	protected, err := stampede(*opts, *clients, *goroutines, *fetch, tag, func(rdb *redis.Client, c *memolock.Client, compute func()) error {
+	protected, err := stampede(newRDB, *clients, *goroutines, *fetch, tag, func(rdb redis.UniversalClient, c *memolock.Client, compute func()) error {
 		_, err := c.Get(context.Background(), id, func(context.Context, *memolock.Lease) ([]byte, time.Duration, error) {
 			compute()
 			return []byte("the report"), time.Minute, nil
@@ -116,7 +138,7 @@ func demo(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "memolock demo: expected 1 computation with memolock, got %d\n", protected.computations)
 		code = 1
 	}
-	unprotected, err := stampede(*opts, *clients, *goroutines, *fetch, "", func(rdb *redis.Client, _ *memolock.Client, compute func()) error {
+	unprotected, err := stampede(newRDB, *clients, *goroutines, *fetch, "", func(rdb redis.UniversalClient, _ *memolock.Client, compute func()) error {
 		ctx := context.Background()
 		if err := rdb.Get(ctx, plainKey).Err(); err != redis.Nil {
 			return err
@@ -160,13 +182,13 @@ type result struct {
 // stampede runs get on every goroutine of every client at once and counts
 // computations, commands and latencies. With a tag, each client also gets a
 // memolock.Client.
-func stampede(opts redis.Options, clients, goroutines int, fetch time.Duration, tag string,
-	get func(*redis.Client, *memolock.Client, func()) error) (result, error) {
+func stampede(newRDB func() redis.UniversalClient, clients, goroutines int, fetch time.Duration, tag string,
+	get func(redis.UniversalClient, *memolock.Client, func()) error) (result, error) {
 	var (
 		computed atomic.Int64
 		counters []*counter
 		mcs      []*memolock.Client
-		rdbs     []*redis.Client
+		rdbs     []redis.UniversalClient
 	)
 	defer func() {
 		for _, c := range mcs {
@@ -179,8 +201,7 @@ func stampede(opts redis.Options, clients, goroutines int, fetch time.Duration, 
 		}
 	}()
 	for range clients {
-		o := opts
-		rdb := redis.NewClient(&o)
+		rdb := newRDB()
 		cnt := &counter{}
 		rdb.AddHook(cnt)
 		rdbs, counters = append(rdbs, rdb), append(counters, cnt)

@@ -1,6 +1,6 @@
 // Command memolock shows memolock working and memoizes commands through Redis.
 //
-//	memolock demo [--redis URL] [--clients N] [--goroutines N] [--fetch D]
+//	memolock demo [--redis URL [--cluster]] [--clients N] [--goroutines N] [--fetch D]
 //	memolock run --tag T --id ID --ttl D [--redis URL [--cluster]] [--lock-ttl D] [--wait D] -- CMD [ARGS...]
 //
 // demo runs a stampede on one missing key, with memolock and without it, on
@@ -36,7 +36,7 @@ type quiet struct{}
 func (quiet) Printf(context.Context, string, ...any) {}
 
 const usage = `usage:
-  memolock demo [--redis URL] [--clients N] [--goroutines N] [--fetch D]
+  memolock demo [--redis URL [--cluster]] [--clients N] [--goroutines N] [--fetch D]
   memolock demo --interop [--redis URL] [--processes N] [--interop-dir DIR]
   memolock run --tag T --id ID --ttl D [--redis URL [--cluster]] [--lock-ttl D] [--wait D] -- CMD [ARGS...]
 `

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -77,6 +78,41 @@ func TestDemo_EmbeddedComputesOnce(t *testing.T) {
 	}
 	if got != 1 || unprotected != 200 {
 		t.Fatalf("computations: memolock %d, unprotected %d; want 1 and 200\n%s", got, unprotected, inv.stdout)
+	}
+}
+
+// demo --cluster runs the same stampede on a Redis Cluster, and leaves no
+// key behind.
+func TestDemo_Cluster(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	url := "redis://" + nodes[0].Addr + "?addr=" + nodes[1].Addr
+	inv := memolockCmd(t, nil, "demo", "--redis", url, "--cluster", "--clients", "4", "--goroutines", "50", "--fetch", "100ms")
+	if inv.code != 0 {
+		t.Fatalf("exit %d: %s", inv.code, inv.stderr)
+	}
+	var got int
+	for _, line := range strings.Split(inv.stdout, "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[0] == "memolock" {
+			fmt.Sscan(f[1], &got)
+		}
+	}
+	if got != 1 || !strings.Contains(inv.stdout, "cluster redis://") {
+		t.Fatalf("memolock computations %d; want 1\n%s", got, inv.stdout)
+	}
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr}})
+	defer rdb.Close()
+	var left atomic.Int64 // ForEachMaster calls in parallel
+	_ = rdb.ForEachMaster(context.Background(), func(ctx context.Context, n *redis.Client) error {
+		left.Add(n.DBSize(ctx).Val())
+		return nil
+	})
+	if n := left.Load(); n != 0 {
+		t.Errorf("%d keys left behind", n)
+	}
+	for _, args := range [][]string{{"demo", "--cluster"}, {"demo", "--cluster", "--interop", "--redis", url}} {
+		if inv := memolockCmd(t, nil, args...); inv.code != 2 || !strings.Contains(inv.stderr, "--cluster needs") {
+			t.Errorf("%v: exit %d, %q", args, inv.code, inv.stderr)
+		}
 	}
 }
 
