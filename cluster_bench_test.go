@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -212,4 +213,98 @@ func mustWire(b *testing.B, c *Client, id string) string {
 		b.Fatal(err)
 	}
 	return key
+}
+
+// BenchmarkMassExpiry parks 10 goroutines on each of 10,000 ids in one
+// client (the ids' locks held by an outside holder), then stores and
+// publishes every value in one pipeline, on one node and on the cluster.
+// It reports the pub/sub commands the client sent per id (SUBSCRIBE,
+// marker PING, UNSUBSCRIBE, sharded or not) and how long after the
+// publishes the last caller had its value. Each op is one whole run.
+func BenchmarkMassExpiry(b *testing.B) {
+	const ids, perID = 10_000, 10
+	for _, bt := range benchTargets(b) {
+		b.Run(bt.name, func(b *testing.B) {
+			c := bt.client(b, "mx")
+			var rdb redis.UniversalClient
+			if len(bt.nodes) == 1 {
+				rdb = redis.NewClient(&redis.Options{Addr: bt.nodes[0].Addr})
+			} else {
+				rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{bt.nodes[0].Addr}})
+			}
+			b.Cleanup(func() { _ = rdb.Close() })
+			var perKey, wake float64
+			run := newToken()[:8]
+			for i := 0; b.Loop(); i++ {
+				b.StopTimer()
+				keys := make([]string, ids)
+				pipe := rdb.Pipeline()
+				for k := range keys {
+					keys[k] = fmt.Sprint(run, "-", i, "-", k)
+					pipe.Set(bg(), c.keys.Lock(mustWire(b, c, keys[k])), "outside", time.Minute)
+				}
+				if _, err := pipe.Exec(bg()); err != nil {
+					b.Fatal(err)
+				}
+				before := c.Stats()
+				var done atomic.Int64
+				var woken sync.WaitGroup
+				for _, id := range keys {
+					for range perID {
+						woken.Add(1)
+						go func() {
+							defer woken.Done()
+							if _, err := c.Get(bg(), id, failFetch); err != nil {
+								b.Error(err)
+							}
+							done.Add(1)
+						}()
+					}
+				}
+				// Parked: every flight waits, its subscription live (it
+				// looked again), and stays quiet.
+				for {
+					s := c.Stats()
+					if s.Waits-before.Waits == ids && c.Stats().PubSubCommands() == s.PubSubCommands() {
+						time.Sleep(50 * time.Millisecond)
+						if c.Stats().PubSubCommands() == s.PubSubCommands() {
+							break
+						}
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+				b.StartTimer()
+				t0 := time.Now()
+				pipe = rdb.Pipeline()
+				for _, id := range keys {
+					w := mustWire(b, c, id)
+					pipe.Set(bg(), c.keys.Value(w), "v", time.Minute)
+				}
+				if _, err := pipe.Exec(bg()); err != nil {
+					b.Fatal(err)
+				}
+				pipe = rdb.Pipeline()
+				for _, id := range keys {
+					ch := c.keys.Notif(mustWire(b, c, id))
+					if len(bt.nodes) > 1 {
+						pipe.SPublish(bg(), ch, "v")
+					} else {
+						pipe.Publish(bg(), ch, "v")
+					}
+				}
+				if _, err := pipe.Exec(bg()); err != nil {
+					b.Fatal(err)
+				}
+				woken.Wait()
+				wake += time.Since(t0).Seconds()
+				b.StopTimer()
+				// Let the UNSUBSCRIBEs go out before counting.
+				time.Sleep(100 * time.Millisecond)
+				perKey += float64(c.Stats().PubSubCommands()-before.PubSubCommands()) / ids
+				b.StartTimer()
+			}
+			b.ReportMetric(perKey/float64(b.N), "pubsub-cmds/id")
+			b.ReportMetric(wake/float64(b.N)*1000, "wake-ms")
+		})
+	}
 }

@@ -318,10 +318,14 @@ func (s *subscriber) run() {
 			_ = ps.Close()
 		}
 	}()
+	var lastSend time.Time
 	for {
 		select {
 		case <-s.kick:
 		case <-s.stop:
+			return
+		}
+		if time.Since(lastSend) < burstWindow && !s.gather() {
 			return
 		}
 		for {
@@ -345,6 +349,7 @@ func (s *subscriber) run() {
 			if ps == nil {
 				ps = s.open(s.ctx) // no channels: no I/O yet
 			}
+			lastSend = time.Now()
 			if err := s.send(ps, p); err != nil {
 				if s.sharded && p.replace {
 					// The node does not answer on a new connection: it
@@ -361,6 +366,28 @@ func (s *subscriber) run() {
 				go s.read(ps, p.gen)
 			}
 		}
+	}
+}
+
+// burstWindow and gatherDelay batch the subscriptions of a burst of waits
+// (10,000 keys expiring at once): when run sent something less than
+// burstWindow ago, it waits gatherDelay for more before it sends again, so
+// that one SUBSCRIBE, one marker and one UNSUBSCRIBE serve many keys. A
+// wait that comes alone is sent at once.
+const (
+	burstWindow = 5 * time.Millisecond
+	gatherDelay = time.Millisecond
+)
+
+// gather waits gatherDelay; it returns false on close.
+func (s *subscriber) gather() bool {
+	t := time.NewTimer(gatherDelay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-s.stop:
+		return false
 	}
 }
 

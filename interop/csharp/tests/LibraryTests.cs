@@ -270,8 +270,19 @@ namespace MemoLockTests
                 waiter.Start();
                 Assert.Eventually(() => (long)((object[])srv.Call("PUBSUB", "NUMSUB", "t/notif:r"))[1] == 1, 10, "the waiter subscribed");
                 // The value is stored and published while the connection is dead:
-                // the publish is lost, and only the re-read finds it.
+                // the publish is lost, and only the re-read finds it. Redis may
+                // close a killed client asynchronously: until it is gone, a
+                // PUBLISH could still reach it.
+                Func<HashSet<string>> pubsubIds = () =>
+                {
+                    var ids = new HashSet<string>();
+                    foreach (var line in Encoding.UTF8.GetString((byte[])srv.Call("CLIENT", "LIST", "TYPE", "pubsub")).Split('\n'))
+                        if (line.StartsWith("id=")) ids.Add(line.Split(' ')[0]);
+                    return ids;
+                };
+                var old = pubsubIds();
                 srv.Call("CLIENT", "KILL", "TYPE", "pubsub");
+                Assert.Eventually(() => { var now = pubsubIds(); now.IntersectWith(old); return now.Count == 0; }, 10, "the killed connection gone");
                 srv.Call("SET", "t:r", "stored during the gap");
                 srv.Call("PUBLISH", "t/notif:r", "stored during the gap");
                 Assert.True(waiter.Join(15000), "waiter woke");
