@@ -111,14 +111,20 @@ func TestCluster_StampedeUsesShardedPubSubOnly(t *testing.T) {
 	if wakeups == 0 {
 		t.Error("no waiter was woken by a notification: the test proves nothing")
 	}
+	// Each value is published once, by the node that owns its slot.
+	owned := map[*redistest.Server]int64{}
+	for i := range ids {
+		n, _ := nodeOf(t, nodes, fmt.Sprintf("sh:{id%d}", i))
+		owned[n]++
+	}
 	var spublished int64
 	for _, n := range nodes {
 		if p := commandCalls(t, n, "publish"); p != 0 {
 			t.Errorf("node %s ran PUBLISH %d times", n.Addr, p)
 		}
 		s := commandCalls(t, n, "spublish")
-		if s == 0 {
-			t.Errorf("node %s ran no SPUBLISH: are the ids spread?", n.Addr)
+		if s == 0 || s != owned[n] {
+			t.Errorf("node %s ran SPUBLISH %d times; it owns %d of the ids", n.Addr, s, owned[n])
 		}
 		spublished += s
 	}
