@@ -1,13 +1,11 @@
 package memolock
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -211,15 +209,7 @@ func TestCluster_SlotMigrationDuringWaitLosesNoWaiter(t *testing.T) {
 	}
 	started, release := make(chan struct{}), make(chan struct{})
 	go func() {
-		_, _ = holder.Get(bg(), "k", func(ctx context.Context, _ *Lease) ([]byte, time.Duration, error) {
-			close(started)
-			select {
-			case <-release:
-			case <-ctx.Done(): // Close, if the test fails first
-				return nil, 0, ctx.Err()
-			}
-			return []byte("v"), time.Minute, nil
-		})
+		_, _ = holder.Get(bg(), "k", gatedFetch(started, release))
 	}()
 	<-started
 	got := make(chan string, 1)
@@ -249,6 +239,21 @@ func TestCluster_SlotMigrationDuringWaitLosesNoWaiter(t *testing.T) {
 		t.Logf("woken %v after the store", time.Since(start))
 	case <-time.After(5 * time.Second):
 		t.Fatal("the waiter was not woken within 5s (the lock TTL is 30s)")
+	}
+}
+
+// gatedFetch is a holder's fetch: it closes started, then returns "v" once
+// release is closed, or fails when the client closes (if the test fails
+// first).
+func gatedFetch(started, release chan struct{}) FetchFunc {
+	return func(ctx context.Context, _ *Lease) ([]byte, time.Duration, error) {
+		close(started)
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return nil, 0, ctx.Err()
+		}
+		return []byte("v"), time.Minute, nil
 	}
 }
 
@@ -288,15 +293,7 @@ func failoverCase(t *testing.T, fault func(nodes []*redistest.Server, master *re
 	master, _ := nodeOf(t, nodes, "fo:{k}")
 	started, release := make(chan struct{}), make(chan struct{})
 	go func() {
-		_, _ = holder.Get(bg(), "k", func(ctx context.Context, _ *Lease) ([]byte, time.Duration, error) {
-			close(started)
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return nil, 0, ctx.Err()
-			}
-			return []byte("v"), time.Minute, nil
-		})
+		_, _ = holder.Get(bg(), "k", gatedFetch(started, release))
 	}()
 	<-started
 	type answer struct {
@@ -454,14 +451,7 @@ func TestCluster_CloseWhileWaiting(t *testing.T) {
 	waiter, _ := newClusterClient(t, nodes, "cw", &Options{LockTTL: 20 * time.Second})
 	started, release := make(chan struct{}), make(chan struct{})
 	go func() {
-		_, _ = holder.Get(bg(), "k", func(ctx context.Context, _ *Lease) ([]byte, time.Duration, error) {
-			close(started)
-			select {
-			case <-release:
-			case <-ctx.Done():
-			}
-			return []byte("v"), time.Minute, nil
-		})
+		_, _ = holder.Get(bg(), "k", gatedFetch(started, release))
 	}()
 	<-started
 	defer close(release)
@@ -505,15 +495,7 @@ func TestCluster_FrozenMasterDuringWait(t *testing.T) {
 	started, release := make(chan struct{}), make(chan struct{})
 	stored := make(chan error, 1)
 	go func() {
-		_, err := holder.Get(bg(), "k", func(ctx context.Context, _ *Lease) ([]byte, time.Duration, error) {
-			close(started)
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return nil, 0, ctx.Err()
-			}
-			return []byte("v"), time.Minute, nil
-		})
+		_, err := holder.Get(bg(), "k", gatedFetch(started, release))
 		stored <- err
 	}()
 	<-started
@@ -626,29 +608,9 @@ func TestCluster_StampedeAcrossProcesses(t *testing.T) {
 	for _, hashed := range []bool{false, true} {
 		t.Run(fmt.Sprint("HashIDs=", hashed), func(t *testing.T) {
 			tag := fmt.Sprint("procs", hashed)
-			type child struct {
-				cmd *exec.Cmd
-				in  io.WriteCloser
-				out *bufio.Scanner
-			}
-			var children []child
+			var children []*child
 			for range 8 {
-				cmd := exec.Command(os.Args[0], "-test.run=^$")
-				cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%v %s %s", clusterChildEnv, hashed, nodes[0].Addr, tag))
-				cmd.Stderr = os.Stderr
-				in, err := cmd.StdinPipe()
-				if err != nil {
-					t.Fatal(err)
-				}
-				out, err := cmd.StdoutPipe()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := cmd.Start(); err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-				ch := child{cmd, in, bufio.NewScanner(out)}
+				ch := startChild(t, fmt.Sprintf("%s=%v %s %s", clusterChildEnv, hashed, nodes[0].Addr, tag))
 				if !ch.out.Scan() || ch.out.Text() != "ready" {
 					t.Fatalf("a child did not start: %q", ch.out.Text())
 				}

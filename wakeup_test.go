@@ -35,7 +35,7 @@ import (
 func BenchmarkWakeupProcesses(b *testing.B) {
 	srv := realBackend(b)
 	modes := []string{"floor", "memolock", "psubscribe"}
-	children := map[string][]*wakeChild{}
+	children := map[string][]*child{}
 	for _, mode := range modes {
 		for range wakeProcesses {
 			children[mode] = append(children[mode], startWakeChild(b, srv.addr, mode))
@@ -63,7 +63,7 @@ func BenchmarkWakeupProcesses(b *testing.B) {
 // value once, and returns how long after the PUBLISH each returned. Only
 // the PUBLISH and the wake-up are timed. Each design has a tag of its own,
 // so that the PSUBSCRIBE design's pattern hears only its own rounds.
-func wakeRound(b *testing.B, raw *redis.Client, children []*wakeChild, tag, id string) []time.Duration {
+func wakeRound(b *testing.B, raw *redis.Client, children []*child, tag, id string) []time.Duration {
 	b.StopTimer()
 	raw.Set(bg(), tag+"/lock:"+id, "publisher", time.Minute)
 	for _, c := range children {
@@ -102,36 +102,47 @@ const (
 	wakeChildEnv   = "MEMOLOCK_WAKE_CHILD"
 )
 
-// wakeChild is one process of BenchmarkWakeupProcesses, driven by lines on
-// its stdin.
-type wakeChild struct {
+// child is this test binary run again as a helper process (see TestMain),
+// driven by lines on its stdin.
+type child struct {
 	cmd *exec.Cmd
 	in  io.WriteCloser
 	out *bufio.Scanner
 }
 
-func startWakeChild(b *testing.B, addr, mode string) *wakeChild {
+// startChild starts a child with env (NAME=spec) added. When the test
+// ends, its stdin is closed and it is waited for, or killed if the test
+// failed.
+func startChild(tb testing.TB, env string) *child {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), wakeChildEnv+"="+mode+" "+addr)
+	cmd.Env = append(os.Environ(), env)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	c := &wakeChild{cmd: cmd, in: in, out: bufio.NewScanner(out)}
+	c := &child{cmd: cmd, in: in, out: bufio.NewScanner(out)}
 	c.out.Buffer(make([]byte, 1<<20), 1<<20)
-	b.Cleanup(func() {
+	tb.Cleanup(func() {
 		_ = in.Close()
+		if tb.Failed() {
+			_ = cmd.Process.Kill()
+		}
 		_ = cmd.Wait()
 	})
 	return c
+}
+
+// startWakeChild is one process of BenchmarkWakeupProcesses.
+func startWakeChild(b *testing.B, addr, mode string) *child {
+	return startChild(b, wakeChildEnv+"="+mode+" "+addr)
 }
 
 // runWakeChild is the child process's side: it parks its goroutines on
