@@ -221,21 +221,37 @@ func TestRun_ClusterStampede(t *testing.T) {
 func TestRun_FailingCommandCachesNothing(t *testing.T) {
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr
+	// The holder's command fails only once the waiter listens for holder
+	// events, so a slow start cannot make the waiter find the lock already
+	// free and run the command itself.
+	gate := filepath.Join(t.TempDir(), "go")
 	holder := make(chan invocation, 1)
 	go func() {
 		holder <- memolockCmd(t, nil, "run", "--redis", url, "--tag", "cli", "--id", "bad", "--ttl", "1m",
-			"--lock-ttl", "30s", "--", "sh", "-c", "sleep 1; echo partial; exit 3")
+			"--lock-ttl", "30s", "--", "sh", "-c", "while [ ! -e '"+gate+"' ]; do sleep 0.05; done; echo partial; exit 3")
 	}()
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer rdb.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for rdb.Exists(context.Background(), "cli/lock:bad").Val() == 0 {
+	ctx := context.Background()
+	deadline := time.Now().Add(20 * time.Second)
+	for rdb.Exists(ctx, "cli/lock:bad").Val() == 0 {
 		if time.Now().After(deadline) {
+			os.WriteFile(gate, nil, 0o644)
 			t.Fatal("holder never took the lock")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	waiter := memolockCmd(t, nil, "run", "--redis", url, "--tag", "cli", "--id", "bad", "--ttl", "1m", "--", "sh", "-c", "echo waiter ran")
+	waiterc := make(chan invocation, 1)
+	go func() {
+		waiterc <- memolockCmd(t, nil, "run", "--redis", url, "--tag", "cli", "--id", "bad", "--ttl", "1m", "--", "sh", "-c", "echo waiter ran")
+	}()
+	for rdb.PubSubNumSub(ctx, "cli/lock-event:bad").Val()["cli/lock-event:bad"] < 1 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waiter := <-waiterc
 	h := <-holder
 	if h.code != 3 {
 		t.Errorf("holder exit %d, want the command's 3; stderr %q", h.code, h.stderr)

@@ -52,18 +52,32 @@ namespace MemoLockTests
         [Test(TimeoutSeconds = 90)]
         static void Run_FailingHolderPassesItsStatusAndWaitersFailAtOnce()
         {
+            // The holder fails only once the waiter listens for holder events, so
+            // a slow runtime start cannot make the waiter find the lock already
+            // free and run the command itself.
+            var go = Path.Combine(Path.GetTempPath(), "memolock-go-" + Guid.NewGuid().ToString("N"));
             using (var srv = new RedisServer())
-            using (var holder = new Cli(Run(srv, "fail", "--ttl", "1m", "--", "sh", "-c", "sleep 1.5; echo partial; echo oops >&2; exit 7")))
+            using (var holder = new Cli(Run(srv, "fail", "--ttl", "1m", "--lock-ttl", "60s", "--", "sh", "-c",
+                "while [ ! -e '" + go + "' ]; do sleep 0.05; done; echo partial; echo oops >&2; exit 7")))
             {
-                Assert.Eventually(() => srv.Call("GET", "cli/lock:fail") != null, 20, "the holder took the lock");
-                var w = Cli.Run(Run(srv, "fail", "--ttl", "1m", "--", "echo", "never"));
-                var h = holder.Wait();
-                Assert.Equal(7, h.Code, "holder's exit: " + h);
-                Assert.Equal("partial\n", Encoding.UTF8.GetString(h.Stdout), "holder passes the output through");
-                Assert.Equal(1, w.Code, "waiter's exit: " + w);
-                Assert.True(w.Stderr.Contains("command exited with status 7"), "waiter reports the holder's error: " + w.Stderr);
-                Assert.True(w.Seconds < 10, "waiter failed at once");
-                Assert.Equal(null, srv.Call("GET", "cli:fail"), "nothing cached");
+                try
+                {
+                    Assert.Eventually(() => srv.Call("GET", "cli/lock:fail") != null, 20, "the holder took the lock");
+                    using (var waiter = new Cli(Run(srv, "fail", "--ttl", "1m", "--lock-ttl", "60s", "--", "echo", "never")))
+                    {
+                        Assert.Eventually(() => (long)((object[])srv.Call("PUBSUB", "NUMSUB", "cli/lock-event:fail"))[1] >= 1, 20, "the waiter listens for holder events");
+                        File.WriteAllText(go, "x");
+                        var w = waiter.Wait();
+                        var h = holder.Wait();
+                        Assert.Equal(7, h.Code, "holder's exit: " + h);
+                        Assert.Equal("partial\n", Encoding.UTF8.GetString(h.Stdout), "holder passes the output through");
+                        Assert.Equal(1, w.Code, "waiter's exit: " + w);
+                        Assert.True(w.Stderr.Contains("command exited with status 7"), "waiter reports the holder's error: " + w.Stderr);
+                        Assert.True(w.Seconds < 20, "waiter failed at once, not after the lock TTL");
+                        Assert.Equal(null, srv.Call("GET", "cli:fail"), "nothing cached");
+                    }
+                }
+                finally { File.Delete(go); }
             }
         }
 

@@ -87,12 +87,21 @@ def test_takeover_after_sigkill(server, procs, tag, tmp_path):
         kill_pidfile(pidfile)
 
 
-def test_failing_holder(server, procs, tag, tmp_path):
-    started = tmp_path / "started"
-    a = procs.run(server.url, tag, "f", "sh", "-c", f"echo x > {started}; sleep 1; echo partial; exit 3",
+def test_failing_holder(server, procs, tag, tmp_path, rdb):
+    started, go = tmp_path / "started", tmp_path / "go"
+    # The holder fails only once the waiter listens for holder events, so a
+    # slow interpreter start cannot make the waiter find the lock already free
+    # and run the command itself.
+    a = procs.run(server.url, tag, "f", "sh", "-c",
+                  f"echo x > {started}; while [ ! -e {go} ]; do sleep 0.05; done; echo partial; exit 3",
                   extra=["--lock-ttl", "60s"])
     wait_file(started)
     b = procs.run(server.url, tag, "f", "echo", "never", extra=["--lock-ttl", "60s"])
+    deadline = time.monotonic() + WAIT
+    while dict(rdb.pubsub_numsub(f"{tag}/lock-event:f")).get(f"{tag}/lock-event:f".encode(), 0) < 1:
+        assert time.monotonic() < deadline, "the waiter never subscribed"
+        time.sleep(0.02)
+    go.write_text("x")
     t0 = time.monotonic()
     out_b, err_b = b.communicate(timeout=WAIT)
     assert time.monotonic() - t0 < 20  # not the 60 s lock TTL
