@@ -142,13 +142,20 @@ func (c *Client) peek(ctx context.Context, key string) (Peeked, error) {
 // one matching ErrMiss when nothing is cached. A value read from Redis
 // enters the L1 as a Get's would.
 func (c *Client) Lookup(ctx context.Context, id string) (Result, error) {
+	r, err := c.lookupOnly(ctx, id)
+	if c.usable() == nil {
+		c.stats.count(r.Served, err)
+	}
+	return r, err
+}
+
+func (c *Client) lookupOnly(ctx context.Context, id string) (Result, error) {
 	key, err := c.control(ctx, id)
 	if err != nil {
 		return Result{}, err
 	}
 	if c.l1 != nil {
 		if v, notFound, ok := c.l1.get(key); ok {
-			c.stats.l1Hits.Add(1)
 			if notFound {
 				return Result{Served: ServedL1}, c.notFoundErr(id)
 			}

@@ -6,15 +6,18 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // A flight is one process's pursuit of one value. Every caller of Get for
 // that id in this process shares it, as with x/sync/singleflight: N callers
 // cost what one costs.
 type flight struct {
-	id    string // as the caller gave it
-	key   string // as sent to Redis (hashed with Options.HashIDs)
-	token string // the lock token of every attempt this flight makes
+	id    string     // as the caller gave it
+	key   string     // as sent to Redis (hashed with Options.HashIDs)
+	token string     // the lock token of every attempt this flight makes
+	span  trace.Span // the leader's Get span; nil for GetMany's and refreshes
 	fetch FetchFunc
 	start StartFunc // external-producer mode when set
 
@@ -94,6 +97,13 @@ func (g *group) join(key string, mk func() *flight, wg *sync.WaitGroup) (f *flig
 	g.flights[key] = f
 	wg.Add(1) // under mu: Close waits on wg only after closing the group
 	return f, true, nil
+}
+
+// running returns the number of flights in progress, joined or detached.
+func (g *group) running() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.flights) + len(g.detached)
 }
 
 // launch gives f the context its work runs under: ctx's values, without its

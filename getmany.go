@@ -122,6 +122,9 @@ func (c *Client) GetMany(ctx context.Context, ids []string, fetch FetchIDFunc, o
 			c.fetchMisses(ctx, answers, missing, fetch, limit)
 		}
 	}
+	for _, a := range answers {
+		c.stats.count(a.Served, a.Err)
+	}
 	for i, id := range ids {
 		items[i] = answers[index[id]]
 	}
@@ -157,7 +160,6 @@ func (c *Client) readHits(ctx context.Context, items []Item) (missing []int) {
 		ids = append(ids, key)
 		index = append(index, i)
 	}
-	c.stats.l1Hits.Add(l1Hits)
 	c.flights.countHits(l1Hits)
 	if len(ids) == 0 {
 		return nil
@@ -324,10 +326,17 @@ func (c *Client) fetchMisses(ctx context.Context, items []Item, missing []int, f
 					return
 				}
 				it := &items[missing[n]]
-				r, err := c.GetResult(ctx, it.ID, func(ctx context.Context, lease *Lease) ([]byte, time.Duration, error) {
+				f, val, served, cl, err := c.get(ctx, it.ID, func(ctx context.Context, lease *Lease) ([]byte, time.Duration, error) {
 					return fetch(ctx, it.ID, lease)
-				})
-				it.Value, it.Served, it.Err = r.Value, r.Served, err
+				}, nil)
+				if f != nil {
+					val, served, err = c.flights.await(ctx, f)
+				}
+				c.observe(cl, served, err) // GetMany counts every answer
+				it.Value, it.Served, it.Err = val, served, err
+				if err != nil && !errors.Is(err, ErrNotFound) {
+					it.Value, it.Served = nil, 0
+				}
 			}
 		}()
 	}

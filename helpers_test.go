@@ -29,6 +29,10 @@ func TestMain(m *testing.M) {
 		runClusterChild(spec)
 		return
 	}
+	if addr := os.Getenv(traceChildEnv); addr != "" {
+		runTraceChild(addr)
+		return
+	}
 	// go-redis logs every failed dial; the outage tests make many on purpose.
 	redis.SetLogger(quietLogger{})
 	goleak.VerifyTestMain(m)

@@ -51,6 +51,8 @@ func (c *Client) compute(f *flight, w *wait, lease *Lease, pttl time.Duration) (
 	c.stats.fetches.Add(1)
 	fctx, cancel := context.WithCancel(f.ctx)
 	defer cancel()
+	t0 := time.Now()
+	fctx, span := c.fetchSpan(fctx, f)
 	results := make(chan fetchResult, 1)
 	go func() {
 		res := fetchResult{err: errGoexit}
@@ -61,11 +63,13 @@ func (c *Client) compute(f *flight, w *wait, lease *Lease, pttl time.Duration) (
 			res = fetchResult{val: val, ttl: ttl, err: err}
 		}); p != nil {
 			res = fetchResult{err: fmt.Errorf("%w: %v\n%s", ErrFetchPanicked, p, debug.Stack())}
+			c.stats.fetchPanics.Add(1)
 		}
 	}()
 
 	if lease == nil {
 		res := c.fetched(f, results, cancel)
+		c.fetchDone(fctx, span, t0, res.err)
 		switch {
 		case errors.Is(res.err, ErrNotFound):
 			c.stats.notFound.Add(1)
@@ -82,6 +86,7 @@ func (c *Client) compute(f *flight, w *wait, lease *Lease, pttl time.Duration) (
 	}
 	go c.watchdog(f, lease, first, stop, stopped)
 	res := c.fetched(f, results, cancel) // Close cancels f.ctx, and waits for fetch too
+	c.fetchDone(fctx, span, t0, res.err)
 	close(stop)
 	<-stopped // a late renewal must not find the lock gone and report it lost
 
@@ -136,8 +141,7 @@ func (c *Client) recordNotFound(f *flight, closing bool) {
 	done, err := c.proto.notFound(ctx, f.key, f.token, c.negTTL)
 	switch {
 	case err != nil:
-		c.stats.storeErrors.Add(1)
-		c.outage.report(err)
+		c.storeError(f, err)
 		if !c.release(f, abandonEvent(f.token)) {
 			// The script may have run in part, or the lock expired:
 			// tell waiters anyway.
@@ -146,7 +150,7 @@ func (c *Client) recordNotFound(f *flight, closing bool) {
 			_ = c.proto.abandoned(ctx, f.key, f.token)
 		}
 	case !done:
-		c.stats.leaseLost.Add(1)
+		c.leaseLost(f)
 	}
 }
 
@@ -211,11 +215,10 @@ func (c *Client) uncached(f *flight, val []byte, closing bool) {
 	published, err := c.proto.publish(ctx, f.key, f.token, val)
 	switch {
 	case err != nil:
-		c.stats.storeErrors.Add(1)
-		c.outage.report(err)
+		c.storeError(f, err)
 		c.release(f, abandonEvent(f.token))
 	case !published:
-		c.stats.leaseLost.Add(1)
+		c.leaseLost(f)
 	}
 }
 
@@ -295,10 +298,9 @@ func (c *Client) store(f *flight, val []byte, ttl time.Duration, closing bool) e
 	stored, err := c.proto.store(ctx, f.key, f.token, val, ttl)
 	switch {
 	case err != nil:
-		c.stats.storeErrors.Add(1)
-		c.outage.report(err)
+		c.storeError(f, err)
 	case !stored:
-		c.stats.leaseLost.Add(1)
+		c.leaseLost(f)
 	}
 	return err
 }
@@ -315,6 +317,7 @@ func (c *Client) startExternal(f *flight) error {
 	c.callbacks.Done()
 	if p != nil {
 		err = fmt.Errorf("%w: %v\n%s", ErrFetchPanicked, p, debug.Stack())
+		c.stats.fetchPanics.Add(1)
 	}
 	if err != nil {
 		c.stats.fetchErrors.Add(1)
@@ -357,4 +360,21 @@ func inCallback() bool {
 			return false
 		}
 	}
+}
+
+// storeError counts and logs a value (or "not found") that Redis failed to
+// store; an unreachable Redis also starts an outage.
+func (c *Client) storeError(f *flight, err error) {
+	c.stats.storeErrors.Add(1)
+	c.log.Warn("memolock: storing a fetched value failed; waiters elsewhere are told",
+		"tag", c.keys.Tag(), "id", f.id, "error", err)
+	c.outage.report(err)
+}
+
+// leaseLost counts and logs a value (or "not found") that was not stored
+// because the lock no longer held the flight's token.
+func (c *Client) leaseLost(f *flight) {
+	c.stats.leaseLost.Add(1)
+	c.log.Warn("memolock: the lease was lost while fetch ran (the lock expired, or was deleted); the value was not stored",
+		"tag", c.keys.Tag(), "id", f.id)
 }

@@ -26,6 +26,10 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // FetchFunc computes a value on a miss. It returns the value, how long Redis
@@ -153,10 +157,30 @@ type Options struct {
 	// RefreshAhead early, so that their readers reach Redis in the window.
 	RefreshAhead time.Duration
 
-	// Logger, if set, gets what goes wrong out of the callers' sight: a
-	// fetch error hidden by a stale value, a background refresh that
-	// failed. Default: nothing is logged.
+	// Logger, if set, gets what goes wrong out of the callers' sight, and
+	// never a line per call: warnings when Redis becomes unreachable and
+	// when it answers again, when a lease is lost or a store fails, when
+	// a stale value is served because fetch failed, and when a background
+	// refresh fails; information on a takeover; debug lines on pub/sub
+	// reconnects. Lines carry the tag and the id, never a value or a
+	// password. Default: nothing is logged.
 	Logger *slog.Logger
+
+	// MeterProvider makes the client's OpenTelemetry instruments (see
+	// the README's Observability section for the list): counters of how
+	// calls were served, fetches, failures, takeovers and outages;
+	// histograms of fetch, wait and Get durations; gauges of waiting
+	// flights, flights and subscribed channels. Every measurement carries
+	// the tag, never the id. Default: the global provider
+	// (otel.GetMeterProvider), so an application that has set one up gets
+	// memolock's metrics with no code.
+	MeterProvider metric.MeterProvider
+
+	// TracerProvider makes the client's spans: one per call that misses
+	// the L1, with a child span for fetch, and a link from a waiter's span
+	// to the span of the holder it waited for, in any process. Default:
+	// the global provider (otel.GetTracerProvider).
+	TracerProvider trace.TracerProvider
 
 	// OnWait, if set, is called when a flight starts waiting for a lock held
 	// by somebody else, with the caller's id and the holder's token. It runs
@@ -164,6 +188,9 @@ type Options struct {
 	// and ignored.
 	OnWait func(id, holder string)
 }
+
+// discard is the Logger of a client without Options.Logger.
+var discard = slog.New(slog.DiscardHandler)
 
 // DefaultLockTTL is the lock TTL used when Options.LockTTL is zero.
 const DefaultLockTTL = 10 * time.Second
@@ -193,12 +220,15 @@ type Client struct {
 	hashIDs      bool
 	hashTags     bool // Options.HashTags, or a cluster client
 	onWait       func(id, holder string)
-	fetchTimeout time.Duration   // Options.FetchTimeout
-	negTTL       time.Duration   // Options.NegTTL
-	staleTTL     time.Duration   // Options.StaleTTL
-	resurrectTTL time.Duration   // Options.ResurrectTTL, defaulted
-	early        time.Duration   // Options.RefreshAhead
-	log          *slog.Logger    // Options.Logger; never nil
+	fetchTimeout time.Duration // Options.FetchTimeout
+	negTTL       time.Duration // Options.NegTTL
+	staleTTL     time.Duration // Options.StaleTTL
+	resurrectTTL time.Duration // Options.ResurrectTTL, defaulted
+	early        time.Duration // Options.RefreshAhead
+	log          *slog.Logger  // Options.Logger; never nil
+	meters       *meters       // from Options.MeterProvider
+	tracer       trace.Tracer  // from Options.TracerProvider
+	tagAttr      attribute.KeyValue
 	l1           *l1             // nil without Options.L1Size
 	tracker      *redis.Client   // the subscriber's own client, with an L1
 	tracking     chan struct{}   // closed when track returns, with an L1
@@ -256,14 +286,23 @@ func New(rdb redis.UniversalClient, tag string, opts *Options) (*Client, error) 
 	}
 	log := opts.Logger
 	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+		log = discard
 	}
 	_, cluster := rdb.(*redis.ClusterClient)
 	hashTags := opts.HashTags || cluster
 	if hashTags && strings.ContainsAny(tag, "{}") {
 		return nil, fmt.Errorf("%w: tag %q contains a brace; with hash tags (Options.HashTags, or a cluster client) the id's braces must be the first in every key", ErrInvalid, tag)
 	}
+	mp, tp := opts.MeterProvider, opts.TracerProvider
+	if mp == nil || isNilPointer(mp) {
+		mp = otel.GetMeterProvider()
+	}
+	if tp == nil || isNilPointer(tp) {
+		tp = otel.GetTracerProvider()
+	}
 	c := &Client{
+		tracer:       tp.Tracer(scope),
+		tagAttr:      attribute.String("memolock.tag", tag),
 		rdb:          rdb,
 		keys:         keys,
 		hashTags:     hashTags,
@@ -282,6 +321,9 @@ func New(rdb redis.UniversalClient, tag string, opts *Options) (*Client, error) 
 	if opts.L1Size < 0 {
 		return nil, fmt.Errorf("%w: L1Size %d is negative; use 0 for no L1", ErrInvalid, opts.L1Size)
 	}
+	if c.meters, err = newMeters(mp, tag, c); err != nil {
+		return nil, fmt.Errorf("%w: making the OpenTelemetry instruments: %w", ErrInvalid, err)
+	}
 	if opts.L1Size > 0 {
 		c.l1 = newL1(tag, opts.L1Size)
 		if c.tracker, err = c.l1.trackingClient(rdb); err != nil {
@@ -289,6 +331,7 @@ func New(rdb redis.UniversalClient, tag string, opts *Options) (*Client, error) 
 			return nil, err
 		}
 		c.sub = newSubscriber(c.tracker, &c.stats)
+		c.sub.log = log
 		c.sub.onBreak = c.l1.down
 		c.l1.sub = c.sub
 		c.tracking = make(chan struct{})
@@ -299,12 +342,15 @@ func New(rdb redis.UniversalClient, tag string, opts *Options) (*Client, error) 
 		}()
 	} else if cc, ok := rdb.(*redis.ClusterClient); ok {
 		c.shards = newShards(cc, &c.stats)
+		c.shards.log = log
 	} else {
 		c.sub = newSubscriber(rdb, &c.stats)
+		c.sub.log = log
 	}
 	c.calls, c.stopCalls = context.WithCancel(context.Background())
 	c.batch = newBatcher(rdb, &c.stats, &c.wg)
 	c.outage = newOutage(rdb, &c.stats)
+	c.outage.log = log
 	sc := plainScripts
 	if cluster {
 		sc = shardedScripts
@@ -377,10 +423,7 @@ func (c *Client) Get(ctx context.Context, id string, fetch FetchFunc) ([]byte, e
 	if fetch == nil {
 		return nil, errNilFetch
 	}
-	f, val, _, err := c.get(ctx, id, fetch, nil)
-	if f != nil {
-		val, _, err = c.flights.await(ctx, f)
-	}
+	val, _, err := c.do(ctx, id, fetch, nil)
 	return val, err
 }
 
@@ -395,47 +438,59 @@ func (c *Client) GetExternal(ctx context.Context, id string, start StartFunc) ([
 	if start == nil {
 		return nil, fmt.Errorf("%w: start is nil", ErrInvalid)
 	}
-	f, val, _, err := c.get(ctx, id, nil, start)
-	if f != nil {
-		val, _, err = c.flights.await(ctx, f)
-	}
+	val, _, err := c.do(ctx, id, nil, start)
 	return val, err
+}
+
+// do is one caller's Get: the flight's answer, counted, timed and traced.
+func (c *Client) do(ctx context.Context, id string, fetch FetchFunc, start StartFunc) ([]byte, Served, error) {
+	f, val, served, cl, err := c.get(ctx, id, fetch, start)
+	if f != nil {
+		val, served, err = c.flights.await(ctx, f)
+	}
+	if c.usable() == nil {
+		c.end(cl, served, err)
+	}
+	return val, served, err
 }
 
 // get starts or joins the flight for id. It returns the value or an error,
 // or a flight to await (the caller awaits it itself, so that a woken
-// caller returns through fewer frames).
-func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start StartFunc) (*flight, []byte, Served, error) {
+// caller returns through fewer frames), and the call as observed so far.
+func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start StartFunc) (*flight, []byte, Served, call, error) {
+	var cl call
 	if err := c.usable(); err != nil {
-		return nil, nil, 0, err
+		return nil, nil, 0, cl, err
 	}
 	if ctx == nil {
-		return nil, nil, 0, fmt.Errorf("%w: context is nil", ErrInvalid)
+		return nil, nil, 0, cl, fmt.Errorf("%w: context is nil", ErrInvalid)
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, nil, 0, fmt.Errorf("%w: %w", ErrTimeout, err)
+		return nil, nil, 0, cl, fmt.Errorf("%w: %w", ErrTimeout, err)
 	}
 	key, err := c.wireID(id)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, 0, cl, err
 	}
 	if c.l1 != nil {
 		if v, notFound, ok := c.l1.get(key); ok {
-			c.stats.l1Hits.Add(1)
 			if notFound {
-				return nil, nil, ServedL1, c.notFoundErr(id)
+				return nil, nil, ServedL1, cl, c.notFoundErr(id)
 			}
-			return nil, v, ServedL1, nil
+			return nil, v, ServedL1, cl, nil
 		}
 	}
+	cl = c.begin(ctx, id)
+	ctx = cl.ctx
 	f, leader, err := c.flights.join(key, func() *flight {
-		return &flight{id: id, key: key, token: newToken(), fetch: fetch, start: start, done: make(chan struct{})}
+		return &flight{id: id, key: key, token: flightToken(cl.span), span: cl.span, fetch: fetch, start: start, done: make(chan struct{})}
 	}, &c.wg)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, 0, cl, err
 	}
 	if !leader {
-		return f, nil, 0, nil
+		cl.joined(f)
+		return f, nil, 0, cl, nil
 	}
 	if c.l1 != nil {
 		f.l1 = c.l1.snap(key) // before anything is read
@@ -445,7 +500,7 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 		// ignores context deadlines by default.
 		c.flights.launch(f, ctx)
 		go c.resolve(f, nil)
-		return f, nil, 0, nil
+		return f, nil, 0, cl, nil
 	}
 	// This caller cannot leave, so the first lookup runs on its goroutine
 	// and a hit costs no goroutine.
@@ -469,11 +524,11 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 		} else {
 			c.wg.Done()
 		}
-		return nil, a.r.value, served, nil
+		return nil, a.r.value, served, cl, nil
 	}
 	c.flights.launch(f, ctx)
 	go c.resolve(f, &a)
-	return f, nil, 0, nil
+	return f, nil, 0, cl, nil
 }
 
 // attempt is the outcome of one lookup.
@@ -510,6 +565,8 @@ func (c *Client) resolve(f *flight, first *attempt) {
 	val, err := c.pursue(f, w, first)
 	// Callers first; the rest can wait.
 	c.flights.finish(f, val, err, w.served)
+	_, o := outcomeOf(w.served, err)
+	w.done(o)
 	w.end()
 	// A value that came while waiting was just stored by its holder,
 	// whose write invalidates it: promoting it would be a wasted round trip.
@@ -617,6 +674,14 @@ func (c *Client) watch(onValue func(string), channels ...string) *watch {
 	return c.sub.watch(onValue, channels...)
 }
 
+// channels returns the number of channels the client has subscribed.
+func (c *Client) channels() int {
+	if c.shards != nil {
+		return c.shards.channels()
+	}
+	return c.sub.channels()
+}
+
 // closingNow reports whether Close has begun. It reads the flight group's
 // state, which Close sets before it cancels any flight, so that work ended
 // by Close always finds the client closing.
@@ -687,5 +752,6 @@ func (c *Client) shutdown() {
 		c.l1.cache.StopAllGoroutines()
 	}
 	c.outage.close(time.Until(deadline))
+	c.meters.close()
 	close(c.closed)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 type outage struct {
 	rdb   redis.UniversalClient
 	stats *counters
+	log   *slog.Logger
 	every time.Duration // pause between probes
 
 	cause atomic.Pointer[error] // set while Redis is unreachable
@@ -39,7 +41,7 @@ const (
 )
 
 func newOutage(rdb redis.UniversalClient, stats *counters) *outage {
-	return &outage{rdb: rdb, stats: stats, every: probeEvery, stop: make(chan struct{})}
+	return &outage{rdb: rdb, stats: stats, log: discard, every: probeEvery, stop: make(chan struct{})}
 }
 
 // err returns an error wrapping ErrRedis while Redis is unreachable, nil
@@ -78,6 +80,8 @@ func (o *outage) report(err error) {
 	}
 	if o.cause.Load() == nil {
 		o.stats.outages.Add(1)
+		o.log.Warn("memolock: Redis is unreachable; calls fail at once until a probe is answered",
+			"error", err, "probe_every", o.every)
 	}
 	o.cause.Store(&err)
 	if !o.probing {
@@ -106,6 +110,7 @@ func (o *outage) probe() {
 		if err == nil || errors.As(err, &reply) {
 			// Redis answers, if only with an error reply: reachable.
 			o.cause.Store(nil)
+			o.log.Warn("memolock: Redis answers again; the outage is over")
 			o.probing = false
 			o.mu.Unlock()
 			return

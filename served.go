@@ -54,10 +54,7 @@ func (c *Client) GetResult(ctx context.Context, id string, fetch FetchFunc) (Res
 	if fetch == nil {
 		return Result{}, errNilFetch
 	}
-	f, val, served, err := c.get(ctx, id, fetch, nil)
-	if f != nil {
-		val, served, err = c.flights.await(ctx, f)
-	}
+	val, served, err := c.do(ctx, id, fetch, nil)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return Result{Served: served}, err

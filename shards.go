@@ -2,6 +2,7 @@ package memolock
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 type shards struct {
 	cc    *redis.ClusterClient
 	stats *counters
+	log   *slog.Logger // for the node subscribers
 
 	// idle serves the watches that could not be placed: it never
 	// connects, and only answers take and unwatch.
@@ -43,7 +45,7 @@ type nodeSub struct {
 }
 
 func newShards(cc *redis.ClusterClient, stats *counters) *shards {
-	return &shards{cc: cc, stats: stats, subs: make(map[string]nodeSub), idle: newSubscriberOn(nil, true, stats)}
+	return &shards{cc: cc, stats: stats, log: discard, subs: make(map[string]nodeSub), idle: newSubscriberOn(nil, true, stats)}
 }
 
 // watch is subscriber.watch on the node that serves channels (all in one
@@ -75,6 +77,7 @@ func (r *shards) node(key string) (*subscriber, error) {
 	if ns.sub == nil || ns.client != node {
 		old = ns.sub
 		ns = nodeSub{sub: newSubscriberOn(func(ctx context.Context) *redis.PubSub { return node.SSubscribe(ctx) }, true, r.stats), client: node}
+		ns.sub.log = r.log
 		if r.closed {
 			ns.sub.close(0) // a watch added now is told so at once
 		}
@@ -114,4 +117,19 @@ func (r *shards) close(d time.Duration) {
 		}()
 	}
 	wg.Wait()
+}
+
+// channels returns the number of channels subscribed on every node.
+func (r *shards) channels() int {
+	r.mu.Lock()
+	subs := make([]*subscriber, 0, len(r.subs))
+	for _, ns := range r.subs {
+		subs = append(subs, ns.sub)
+	}
+	r.mu.Unlock()
+	n := 0
+	for _, s := range subs {
+		n += s.channels()
+	}
+	return n
 }

@@ -1,13 +1,16 @@
 package memolock
 
-import "sync/atomic"
+import (
+	"errors"
+	"sync/atomic"
+)
 
 // counters are a Client's live statistics: cheap atomics, safe to read at any time.
 type counters struct {
 	hits          atomic.Int64
-	l1Hits        atomic.Int64
 	fetches       atomic.Int64
 	fetchErrors   atomic.Int64
+	fetchPanics   atomic.Int64
 	fetchTimeouts atomic.Int64
 	waits         atomic.Int64
 	wakeups       atomic.Int64
@@ -26,6 +29,55 @@ type counters struct {
 	unsubscribes atomic.Int64
 	pings        atomic.Int64
 	reconnects   atomic.Int64
+
+	// calls counts the answers given to callers (Get and its variants,
+	// Lookup, each GetMany item) by how they were served and what they
+	// were: the OpenTelemetry gets counter, and Stats.L1Hits.
+	calls [servedKinds][outcomes]atomic.Int64
+	// waiting is the number of flights parked on another holder's lock.
+	waiting atomic.Int64
+}
+
+// outcome is what a call got: a value, "not found", or an error.
+type outcome uint8
+
+const (
+	gotValue outcome = iota
+	gotNotFound
+	gotError
+	gotNothing // Lookup's miss
+	outcomes
+)
+
+// servedMiss is how Lookup answers when neither the L1 nor Redis holds
+// the value; servedKinds bounds Served values in counters.calls.
+const (
+	servedMiss  = ServedStale + 1
+	servedKinds = servedMiss + 1
+)
+
+// count records one answer to a caller.
+func (s *counters) count(served Served, err error) {
+	served, o := outcomeOf(served, err)
+	s.calls[served][o].Add(1)
+}
+
+// outcomeOf classifies an answer: Lookup's miss is served as servedMiss.
+func outcomeOf(served Served, err error) (Served, outcome) {
+	o := gotValue
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrNotFound):
+		o = gotNotFound
+	case errors.Is(err, ErrMiss):
+		served, o = servedMiss, gotNothing
+	default:
+		o = gotError
+	}
+	if served >= servedKinds {
+		served = 0
+	}
+	return served, o
 }
 
 // Stats is a copy of what a Client has done since it was created, returned by
@@ -37,6 +89,7 @@ type Stats struct {
 	Coalesced     int64 // callers that joined a flight already running in this process
 	Fetches       int64 // fetch functions run by this process
 	FetchErrors   int64 // fetches that returned an error or panicked
+	FetchPanics   int64 // fetches that panicked; also counted in FetchErrors
 	FetchTimeouts int64 // fetches that ran past their time limit (Options.FetchTimeout); also counted in FetchErrors
 	Waits         int64 // flights that waited for another holder
 	Wakeups       int64 // flights answered by a pub/sub notification
@@ -60,9 +113,10 @@ type Stats struct {
 func (s *counters) snapshot() Stats {
 	return Stats{
 		Hits:          s.hits.Load(),
-		L1Hits:        s.l1Hits.Load(),
+		L1Hits:        s.calls[ServedL1][gotValue].Load() + s.calls[ServedL1][gotNotFound].Load(),
 		Fetches:       s.fetches.Load(),
 		FetchErrors:   s.fetchErrors.Load(),
+		FetchPanics:   s.fetchPanics.Load(),
 		FetchTimeouts: s.fetchTimeouts.Load(),
 		Waits:         s.waits.Load(),
 		Wakeups:       s.wakeups.Load(),

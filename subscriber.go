@@ -3,6 +3,7 @@ package memolock
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"strconv"
 	"strings"
@@ -55,6 +56,7 @@ type subscriber struct {
 	trackLive  bool
 	trackEpoch uint64
 	stats      *counters
+	log        *slog.Logger // debug lines on reconnects
 	health     time.Duration
 
 	ctx    context.Context // bounds run's calls; cancelled by close
@@ -157,6 +159,7 @@ func newSubscriberOn(open func(context.Context) *redis.PubSub, sharded bool, sta
 		open:    open,
 		sharded: sharded,
 		stats:   stats,
+		log:     discard,
 		health:  defaultHealth,
 		ctx:     ctx,
 		cancel:  cancel,
@@ -339,6 +342,7 @@ func (s *subscriber) run() {
 					ps, reading = nil, false
 				}
 				s.stats.reconnects.Add(1)
+				s.log.Debug("memolock: replacing the pub/sub connection after an error; every waiter looks again")
 				if !s.pause(&backoff) {
 					return
 				}
@@ -876,4 +880,11 @@ func (s *subscriber) close(d time.Duration) {
 		waitTimeout(&s.reads, d)
 	case <-t.C:
 	}
+}
+
+// channels returns the number of channels subscribed on the connection.
+func (s *subscriber) channels() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.sent)
 }

@@ -21,6 +21,8 @@ type wait struct {
 	timer  *time.Timer // fires when the holder's lock would expire
 	holder string      // token of the holder waited for
 	waited bool        // counted in Stats.Waits
+	since  time.Time   // the first busy reply, when waited
+	parked bool        // counted in counters.waiting
 	own    atomic.Bool // the lock is the flight's own (external-producer mode)
 	served Served      // how the value came, for the flight's callers
 	stale  bool        // the value looked up was flagged stale
@@ -74,12 +76,17 @@ func (w *wait) busy(r reply) {
 	if r.holder != w.holder {
 		w.holder = r.holder
 		if !w.own.Load() {
+			w.f.waitsOn(r.holder)
 			w.c.notifyWait(w.f, r.holder)
 		}
 	}
 	if !w.waited {
-		w.waited = true
+		w.waited, w.since = true, time.Now()
 		w.c.stats.waits.Add(1)
+	}
+	if !w.parked {
+		w.parked = true
+		w.c.stats.waiting.Add(1)
 	}
 	if w.c.staleTTL > 0 {
 		// For callers that give up waiting: the copy as of this reply.
@@ -231,6 +238,17 @@ func (w *wait) again() next {
 func (w *wait) takeover() {
 	if w.waited {
 		w.c.stats.takeovers.Add(1)
+		w.c.log.Info("memolock: took over a lock whose holder went silent",
+			"tag", w.c.keys.Tag(), "id", w.f.id, "previous_holder", w.holder)
+		w.done(gotNothing)
+	}
+}
+
+// done records how long the flight waited, once, with what it got.
+func (w *wait) done(o outcome) {
+	if w.waited && !w.since.IsZero() {
+		w.c.meters.waited(w.f.ctx, time.Since(w.since), o)
+		w.since = time.Time{}
 	}
 }
 
@@ -244,6 +262,10 @@ func (w *wait) release(event string) {
 // event so that waiters elsewhere take over at once. It is safe to call
 // more than once.
 func (w *wait) end() {
+	if w.parked {
+		w.parked = false
+		w.c.stats.waiting.Add(-1)
+	}
 	if w.w != nil {
 		w.w.s.unwatch(w.w)
 		w.w = nil

@@ -1,0 +1,134 @@
+package memolock
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Tracing. Every call that misses the L1 gets a span, "memolock.Get", and
+// the fetch it runs a child span, "memolock.fetch". A flight whose Get is
+// traced (its span is sampled) appends the span's W3C traceparent to its
+// lock token, after a "/":
+//
+//	9f86d081884c7d659a2feaa0c55ad015@build-7:4121/00-<trace id>-<span id>-01
+//
+// so that a waiter in another process, which reads the token in its busy
+// reply, links its own span to the holder's: one trace then shows who
+// computed for whom. Peers compare tokens as opaque strings, so the
+// original peers and the peers that do not trace never notice.
+
+// A call is one caller's Get, as observed: when it reached Redis's side of
+// the L1, and its span. The zero call was answered before that (an L1 hit
+// or bad input) and is only counted.
+type call struct {
+	ctx  context.Context
+	t0   time.Time
+	span trace.Span
+}
+
+// begin starts observing a call that missed the L1.
+func (c *Client) begin(ctx context.Context, id string) call {
+	cl := call{t0: time.Now()}
+	cl.ctx, cl.span = c.tracer.Start(ctx, "memolock.Get", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(c.tagAttr, attribute.String("memolock.id", id)))
+	return cl
+}
+
+// joined marks a call that joined a flight another caller leads.
+func (cl call) joined(f *flight) {
+	if cl.span != nil && cl.span.IsRecording() {
+		cl.span.SetAttributes(attribute.Bool("memolock.coalesced", true))
+		if f.span != nil {
+			cl.span.AddLink(trace.Link{SpanContext: f.span.SpanContext(),
+				Attributes: []attribute.KeyValue{attribute.String("memolock.link", "flight")}})
+		}
+	}
+}
+
+// end counts a call's answer, and records and ends what begin started.
+func (c *Client) end(cl call, served Served, err error) {
+	c.stats.count(served, err)
+	c.observe(cl, served, err)
+}
+
+// observe records and ends what begin started.
+func (c *Client) observe(cl call, served Served, err error) {
+	if cl.t0.IsZero() {
+		return
+	}
+	c.meters.got(cl.ctx, time.Since(cl.t0), served, err)
+	if cl.span.IsRecording() {
+		s, o := outcomeOf(served, err)
+		cl.span.SetAttributes(attribute.String("memolock.served", servedLabel(s)),
+			attribute.String("memolock.result", outcomeLabels[o]))
+		if o == gotError {
+			cl.span.SetStatus(codes.Error, err.Error())
+		}
+	}
+	cl.span.End()
+}
+
+// flightToken returns a new token for a flight led by the call whose span
+// is span: with the span's traceparent when it is sampled.
+func flightToken(span trace.Span) string {
+	t := newToken()
+	if span == nil {
+		return t
+	}
+	sc := span.SpanContext()
+	if !sc.IsSampled() {
+		return t
+	}
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(context.Background(), sc), carrier)
+	if tp := carrier["traceparent"]; tp != "" {
+		t += "/" + tp
+	}
+	return t
+}
+
+// holderSpan returns the span that a holder's token names, if it names
+// one.
+func holderSpan(token string) (trace.SpanContext, bool) {
+	_, tp, ok := strings.Cut(token, "/")
+	if !ok {
+		return trace.SpanContext{}, false
+	}
+	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": tp})
+	sc := trace.SpanContextFromContext(ctx)
+	return sc, sc.IsValid()
+}
+
+// waitsOn notes on f's span the holder it waits for, and links to the
+// holder's span if its token names one.
+func (f *flight) waitsOn(holder string) {
+	if f.span == nil || !f.span.IsRecording() {
+		return
+	}
+	f.span.SetAttributes(attribute.Bool("memolock.waited", true), attribute.String("memolock.holder", holder))
+	if sc, ok := holderSpan(holder); ok {
+		f.span.AddLink(trace.Link{SpanContext: sc,
+			Attributes: []attribute.KeyValue{attribute.String("memolock.link", "holder")}})
+	}
+}
+
+// fetchSpan starts the span of f's fetch, under f's context, whose values
+// (and span) are its leader's.
+func (c *Client) fetchSpan(ctx context.Context, f *flight) (context.Context, trace.Span) {
+	return c.tracer.Start(ctx, "memolock.fetch", trace.WithAttributes(c.tagAttr, attribute.String("memolock.id", f.id)))
+}
+
+// fetchDone ends a fetch span, and records the fetch's duration.
+func (c *Client) fetchDone(ctx context.Context, span trace.Span, t0 time.Time, err error) {
+	c.meters.fetched(ctx, time.Since(t0))
+	if err != nil && span.IsRecording() {
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
