@@ -14,11 +14,16 @@ func TestReadmeGoBlocksCompileAsExamples(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	examples, err := os.ReadFile("example_test.go")
-	if err != nil {
-		t.Fatal(err)
+	// The blocks come from the examples, which compile and run: the
+	// library's, and the OpenTelemetry example's, a module of its own.
+	var source string
+	for _, f := range []string{"example_test.go", "examples/otel/main.go"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		source += normalize(string(b))
 	}
-	source := normalize(string(examples))
 	blocks := regexp.MustCompile("(?s)```go\n(.*?)```").FindAllStringSubmatch(string(readme), -1)
 	if len(blocks) == 0 {
 		t.Fatal("no Go blocks in README.md")

@@ -28,6 +28,7 @@ func demo(args []string, stdout, stderr io.Writer) int {
 	interop := fs.Bool("interop", false, "run Go, Python and C# processes (memolock run) on one key instead (--fetch at least 1s)")
 	interopDir := fs.String("interop-dir", "interop", "with --interop: the repository's interop directory")
 	perPeer := fs.Int("processes", 2, "with --interop: processes per language")
+	metrics := fs.Bool("metrics", false, "print the memolock run's OpenTelemetry metrics, as the SDK recorded them")
 	cluster := fs.Bool("cluster", false, "--redis is a Redis Cluster: redis://host:port?addr=host2:port2&addr=... (seed nodes)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -123,8 +124,13 @@ func demo(args []string, stdout, stderr io.Writer) int {
 		_ = cleanup.Close()
 	}()
 
+	var meters *demoMeters
+	if *metrics {
+		meters = newDemoMeters()
+		defer meters.shutdown()
+	}
 	fmt.Fprintf(stdout, "%-15s %13s %12s %12s %15s\n", "", "computations", "p50 latency", "p99 latency", "redis commands")
-	protected, err := stampede(newRDB, *clients, *goroutines, *fetch, tag, func(rdb redis.UniversalClient, c *memolock.Client, compute func()) error {
+	protected, err := stampede(newRDB, *clients, *goroutines, *fetch, tag, meters, func(rdb redis.UniversalClient, c *memolock.Client, compute func()) error {
 		_, err := c.Get(context.Background(), id, func(context.Context, *memolock.Lease) ([]byte, time.Duration, error) {
 			compute()
 			return []byte("the report"), time.Minute, nil
@@ -138,7 +144,7 @@ func demo(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "memolock demo: expected 1 computation with memolock, got %d\n", protected.computations)
 		code = 1
 	}
-	unprotected, err := stampede(newRDB, *clients, *goroutines, *fetch, "", func(rdb redis.UniversalClient, _ *memolock.Client, compute func()) error {
+	unprotected, err := stampede(newRDB, *clients, *goroutines, *fetch, "", nil, func(rdb redis.UniversalClient, _ *memolock.Client, compute func()) error {
 		ctx := context.Background()
 		if err := rdb.Get(ctx, plainKey).Err(); err != redis.Nil {
 			return err
@@ -150,6 +156,9 @@ func demo(args []string, stdout, stderr io.Writer) int {
 		code = 1
 	}
 	fmt.Fprintf(stdout, "\nRedis commands are counted by the clients (connection set-up excluded).\n")
+	if meters != nil {
+		meters.print(stdout)
+	}
 	return code
 }
 
@@ -181,8 +190,8 @@ type result struct {
 
 // stampede runs get on every goroutine of every client at once and counts
 // computations, commands and latencies. With a tag, each client also gets a
-// memolock.Client.
-func stampede(newRDB func() redis.UniversalClient, clients, goroutines int, fetch time.Duration, tag string,
+// memolock.Client, whose metrics go to meters if set.
+func stampede(newRDB func() redis.UniversalClient, clients, goroutines int, fetch time.Duration, tag string, meters *demoMeters,
 	get func(redis.UniversalClient, *memolock.Client, func()) error) (result, error) {
 	var (
 		computed atomic.Int64
@@ -206,7 +215,11 @@ func stampede(newRDB func() redis.UniversalClient, clients, goroutines int, fetc
 		rdb.AddHook(cnt)
 		rdbs, counters = append(rdbs, rdb), append(counters, cnt)
 		if tag != "" {
-			c, err := memolock.New(rdb, tag, &memolock.Options{LockTTL: 30 * time.Second})
+			opts := &memolock.Options{LockTTL: 30 * time.Second}
+			if meters != nil {
+				opts.MeterProvider = meters.provider
+			}
+			c, err := memolock.New(rdb, tag, opts)
 			if err != nil {
 				return result{}, err
 			}
@@ -256,6 +269,11 @@ func stampede(newRDB func() redis.UniversalClient, clients, goroutines int, fetc
 	}
 	slices.Sort(lat)
 	res.p50, res.p99 = lat[len(lat)/2], lat[len(lat)*99/100]
+	if meters != nil {
+		if err := meters.collect(); err != nil {
+			return res, fmt.Errorf("collecting metrics: %w", err)
+		}
+	}
 	return res, nil
 }
 
