@@ -36,9 +36,23 @@ func (c *Client) lease(f *flight) *Lease {
 }
 
 type fetchResult struct {
-	val []byte
-	ttl time.Duration
-	err error
+	val      []byte
+	ttl      time.Duration
+	err      error
+	panicked bool // err wraps ErrFetchPanicked
+	timedOut bool // err is the fetch time limit's
+}
+
+// fetchFailed counts a fetch that failed, once, by reason: every reason
+// is also a FetchError.
+func (c *Client) fetchFailed(res fetchResult) {
+	c.stats.fetchErrors.Add(1)
+	switch {
+	case res.panicked:
+		c.stats.fetchPanics.Add(1)
+	case res.timedOut:
+		c.stats.fetchTimeouts.Add(1)
+	}
 }
 
 var errGoexit = errors.New("memolock: fetch called runtime.Goexit")
@@ -62,8 +76,7 @@ func (c *Client) compute(f *flight, w *wait, lease *Lease, pttl time.Duration) (
 			val, ttl, err := f.fetch(fctx, lease)
 			res = fetchResult{val: val, ttl: ttl, err: err}
 		}); p != nil {
-			res = fetchResult{err: fmt.Errorf("%w: %v\n%s", ErrFetchPanicked, p, debug.Stack())}
-			c.stats.fetchPanics.Add(1)
+			res = fetchResult{err: fmt.Errorf("%w: %v\n%s", ErrFetchPanicked, p, debug.Stack()), panicked: true}
 		}
 	}()
 
@@ -74,7 +87,7 @@ func (c *Client) compute(f *flight, w *wait, lease *Lease, pttl time.Duration) (
 		case errors.Is(res.err, ErrNotFound):
 			c.stats.notFound.Add(1)
 		case res.err != nil:
-			c.stats.fetchErrors.Add(1)
+			c.fetchFailed(res)
 		}
 		return res.val, res.err
 	}
@@ -102,7 +115,7 @@ func (c *Client) compute(f *flight, w *wait, lease *Lease, pttl time.Duration) (
 		c.recordNotFound(f, closing)
 		return nil, res.err
 	case res.err != nil:
-		c.stats.fetchErrors.Add(1)
+		c.fetchFailed(res)
 		if f.refreshing {
 			// The value is most likely still there. The lock stays done
 			// until it expires, so that nobody refreshes it again
@@ -240,8 +253,7 @@ func (c *Client) fetched(f *flight, results <-chan fetchResult, cancel context.C
 		return res
 	case <-t.C:
 		cancel()
-		c.stats.fetchTimeouts.Add(1)
-		return fetchResult{err: fmt.Errorf("%w: fetch of id %s ran past its time limit of %v", ErrTimeout, quote(f.id), limit)}
+		return fetchResult{timedOut: true, err: fmt.Errorf("%w: fetch of id %s ran past its time limit of %v", ErrTimeout, quote(f.id), limit)}
 	}
 }
 
@@ -317,10 +329,9 @@ func (c *Client) startExternal(f *flight) error {
 	c.callbacks.Done()
 	if p != nil {
 		err = fmt.Errorf("%w: %v\n%s", ErrFetchPanicked, p, debug.Stack())
-		c.stats.fetchPanics.Add(1)
 	}
 	if err != nil {
-		c.stats.fetchErrors.Add(1)
+		c.fetchFailed(fetchResult{err: err, panicked: p != nil})
 		c.release(f, failEvent(f.token, err))
 	}
 	return err

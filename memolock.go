@@ -162,7 +162,8 @@ type Options struct {
 	// when it answers again, when a lease is lost or a store fails, when
 	// a stale value is served because fetch failed, and when a background
 	// refresh fails; information on a takeover; debug lines on pub/sub
-	// reconnects. Lines carry the tag and the id, never a value or a
+	// reconnects. Lines carry the tag (and the id, where one is concerned),
+	// never a value or a
 	// password. Default: nothing is logged.
 	Logger *slog.Logger
 
@@ -321,9 +322,6 @@ func New(rdb redis.UniversalClient, tag string, opts *Options) (*Client, error) 
 	if opts.L1Size < 0 {
 		return nil, fmt.Errorf("%w: L1Size %d is negative; use 0 for no L1", ErrInvalid, opts.L1Size)
 	}
-	if c.meters, err = newMeters(mp, tag, c); err != nil {
-		return nil, fmt.Errorf("%w: making the OpenTelemetry instruments: %w", ErrInvalid, err)
-	}
 	if opts.L1Size > 0 {
 		c.l1 = newL1(tag, opts.L1Size)
 		if c.tracker, err = c.l1.trackingClient(rdb); err != nil {
@@ -331,7 +329,7 @@ func New(rdb redis.UniversalClient, tag string, opts *Options) (*Client, error) 
 			return nil, err
 		}
 		c.sub = newSubscriber(c.tracker, &c.stats)
-		c.sub.log = log
+		c.sub.log = log.With("tag", tag)
 		c.sub.onBreak = c.l1.down
 		c.l1.sub = c.sub
 		c.tracking = make(chan struct{})
@@ -342,21 +340,27 @@ func New(rdb redis.UniversalClient, tag string, opts *Options) (*Client, error) 
 		}()
 	} else if cc, ok := rdb.(*redis.ClusterClient); ok {
 		c.shards = newShards(cc, &c.stats)
-		c.shards.log = log
+		c.shards.log = log.With("tag", tag)
 	} else {
 		c.sub = newSubscriber(rdb, &c.stats)
-		c.sub.log = log
+		c.sub.log = log.With("tag", tag)
 	}
 	c.calls, c.stopCalls = context.WithCancel(context.Background())
 	c.batch = newBatcher(rdb, &c.stats, &c.wg)
 	c.outage = newOutage(rdb, &c.stats)
-	c.outage.log = log
+	c.outage.log = log.With("tag", tag)
 	sc := plainScripts
 	if cluster {
 		sc = shardedScripts
 	}
 	c.proto = protocol{rdb: rdb, keys: keys, sc: sc, batch: c.batch, stale: c.staleTTL, early: c.early}
 	c.flights.stale = &c.stats.stale
+	// Last: the callback it registers reads the client, which must be
+	// whole by then.
+	if c.meters, err = newMeters(mp, tag, c); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("%w: making the OpenTelemetry instruments: %w", ErrInvalid, err)
+	}
 	return c, nil
 }
 

@@ -72,7 +72,10 @@ func outcomeOf(served Served, err error) (Served, outcome) {
 	case errors.Is(err, ErrMiss):
 		served, o = servedMiss, gotNothing
 	default:
-		o = gotError
+		// An error was served by nobody, whatever the flight had
+		// reached: fetch failures, holder failures and outages have
+		// counters of their own.
+		served, o = 0, gotError
 	}
 	if served >= servedKinds {
 		served = 0
