@@ -17,7 +17,7 @@ type flight struct {
 	id    string     // as the caller gave it
 	key   string     // as sent to Redis (hashed with Options.HashIDs)
 	token string     // the lock token of every attempt this flight makes
-	span  trace.Span // the leader's Get span; nil for GetMany's and refreshes
+	span  trace.Span // the leader's Get span; nil for GetMany's batches and refreshes
 	fetch FetchFunc
 	start StartFunc // external-producer mode when set
 

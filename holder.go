@@ -39,7 +39,6 @@ type fetchResult struct {
 	val      []byte
 	ttl      time.Duration
 	err      error
-	panicked bool // err wraps ErrFetchPanicked
 	timedOut bool // err is the fetch time limit's
 }
 
@@ -48,10 +47,12 @@ type fetchResult struct {
 func (c *Client) fetchFailed(res fetchResult) {
 	c.stats.fetchErrors.Add(1)
 	switch {
-	case res.panicked:
-		c.stats.fetchPanics.Add(1)
 	case res.timedOut:
 		c.stats.fetchTimeouts.Add(1)
+	case errors.Is(res.err, ErrFetchPanicked): // fetch's, or its batch's
+		c.stats.fetchPanics.Add(1)
+	default:
+		c.stats.fetchOther.Add(1)
 	}
 }
 
@@ -76,7 +77,7 @@ func (c *Client) compute(f *flight, w *wait, lease *Lease, pttl time.Duration) (
 			val, ttl, err := f.fetch(fctx, lease)
 			res = fetchResult{val: val, ttl: ttl, err: err}
 		}); p != nil {
-			res = fetchResult{err: fmt.Errorf("%w: %v\n%s", ErrFetchPanicked, p, debug.Stack()), panicked: true}
+			res = fetchResult{err: fmt.Errorf("%w: %v\n%s", ErrFetchPanicked, p, debug.Stack())}
 		}
 	}()
 
@@ -331,7 +332,7 @@ func (c *Client) startExternal(f *flight) error {
 		err = fmt.Errorf("%w: %v\n%s", ErrFetchPanicked, p, debug.Stack())
 	}
 	if err != nil {
-		c.fetchFailed(fetchResult{err: err, panicked: p != nil})
+		c.fetchFailed(fetchResult{err: err})
 		c.release(f, failEvent(f.token, err))
 	}
 	return err

@@ -230,11 +230,14 @@ type Client struct {
 	meters       *meters       // from Options.MeterProvider
 	tracer       trace.Tracer  // from Options.TracerProvider
 	tagAttr      attribute.KeyValue
-	l1           *l1             // nil without Options.L1Size
-	tracker      *redis.Client   // the subscriber's own client, with an L1
-	tracking     chan struct{}   // closed when track returns, with an L1
-	calls        context.Context // cancelled by Close: Purge and other bounded calls
-	stopCalls    context.CancelFunc
+	// spanOpts and fetchSpanOpts start the Get and fetch spans: made
+	// once, so that a call with a no-op tracer allocates nothing for them.
+	spanOpts, fetchSpanOpts []trace.SpanStartOption
+	l1                      *l1             // nil without Options.L1Size
+	tracker                 *redis.Client   // the subscriber's own client, with an L1
+	tracking                chan struct{}   // closed when track returns, with an L1
+	calls                   context.Context // cancelled by Close: Purge and other bounded calls
+	stopCalls               context.CancelFunc
 
 	flights group
 	sub     *subscriber // nil on a cluster
@@ -355,11 +358,14 @@ func New(rdb redis.UniversalClient, tag string, opts *Options) (*Client, error) 
 	}
 	c.proto = protocol{rdb: rdb, keys: keys, sc: sc, batch: c.batch, stale: c.staleTTL, early: c.early}
 	c.flights.stale = &c.stats.stale
+	c.spanOpts = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(c.tagAttr)}
+	c.fetchSpanOpts = []trace.SpanStartOption{trace.WithAttributes(c.tagAttr)}
 	// Last: the callback it registers reads the client, which must be
-	// whole by then.
+	// whole by then. A provider that cannot make the instruments costs
+	// the metrics, not the client.
 	if c.meters, err = newMeters(mp, tag, c); err != nil {
-		c.Close()
-		return nil, fmt.Errorf("%w: making the OpenTelemetry instruments: %w", ErrInvalid, err)
+		c.log.Warn("memolock: the MeterProvider could not make memolock's instruments; no metrics",
+			"tag", tag, "error", err)
 	}
 	return c, nil
 }

@@ -76,9 +76,7 @@ func newMeters(mp metric.MeterProvider, tag string, c *Client) (*meters, error) 
 	s := &c.stats
 	counters := []counter{
 		{"memolock.fetches", "{fetch}", "Fetch (or start) functions run by this process.", s.fetches.Load, "", nil},
-		{"memolock.fetch.failures", "{fetch}", "Fetches that failed, by reason: error, panic or timeout.", func() int64 {
-			return s.fetchErrors.Load() - s.fetchPanics.Load() - s.fetchTimeouts.Load()
-		}, "error", nil},
+		{"memolock.fetch.failures", "{fetch}", "Fetches that failed, by reason: error, panic or timeout.", s.fetchOther.Load, "error", nil},
 		{"memolock.fetch.failures", "", "", s.fetchPanics.Load, "panic", nil},
 		{"memolock.fetch.failures", "", "", s.fetchTimeouts.Load, "timeout", nil},
 		{"memolock.takeovers", "{lock}", "Locks taken after the previous holder's lock expired.", s.takeovers.Load, "", nil},

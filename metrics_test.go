@@ -819,3 +819,70 @@ func TestMetrics_FailedNewLeavesNoCallback(t *testing.T) {
 		t.Errorf("%d points from a client whose New failed", n)
 	}
 }
+
+// A failure reason's count only grows, even read while failures are
+// being counted: each reason is a counter of its own, not a difference.
+func TestMetrics_FetchFailureReasonsOnlyGrowUnderConcurrentCollection(t *testing.T) {
+	b := miniBackend(t)
+	c, reader := meteredClient(t, b.addr, "mfg", Options{})
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			err := fmt.Errorf("%w: boom", ErrFetchPanicked)
+			if i%2 == 0 {
+				err = errors.New("plain")
+			}
+			c.fetchFailed(fetchResult{err: err})
+		}
+	}()
+	last := map[string]int64{}
+	for range 300 {
+		rm := collect(t, reader, "mfg")
+		for _, reason := range []string{"error", "panic"} {
+			n := sum(rm, "memolock.fetch.failures", attr("tag", "mfg"), attr("reason", reason))
+			if n < last[reason] {
+				t.Fatalf("fetch.failures{%s} went from %d to %d", reason, last[reason], n)
+			}
+			last[reason] = n
+		}
+	}
+	close(stop)
+	<-done
+	if last["panic"] == 0 || last["error"] == 0 {
+		t.Fatalf("no failures seen: %v", last)
+	}
+}
+
+// A ManyOptions.Batch function that panics counts as a panic.
+func TestMetrics_BatchPanicCountsAsPanic(t *testing.T) {
+	b := miniBackend(t)
+	c, reader := meteredClient(t, b.addr, "mbp", Options{})
+	items, err := c.GetMany(bg(), []string{"a", "b"}, nil, &ManyOptions{Batch: func(context.Context, []string) (map[string]BatchValue, error) {
+		panic("batch blew up")
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, it := range items {
+		if !errors.Is(it.Err, ErrFetchPanicked) {
+			t.Fatalf("item %s: %v", it.ID, it.Err)
+		}
+	}
+	rm := collect(t, reader, "mbp")
+	if n := sum(rm, "memolock.fetch.failures", attr("tag", "mbp"), attr("reason", "panic")); n != 2 {
+		t.Errorf("fetch.failures{panic} = %d, want one per member flight, 2", n)
+	}
+	if n := sum(rm, "memolock.fetch.failures", attr("tag", "mbp"), attr("reason", "error")); n != 0 {
+		t.Errorf("fetch.failures{error} = %d, want 0", n)
+	}
+	if s := c.Stats(); s.FetchPanics != 2 || s.FetchErrors != 2 {
+		t.Errorf("Stats: %d panics, %d errors; want 2 and 2", s.FetchPanics, s.FetchErrors)
+	}
+}

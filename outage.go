@@ -28,9 +28,14 @@ type outage struct {
 
 	mu      sync.Mutex
 	probing bool
-	closed  bool
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	// The log lines of outages, at most one pair per outageLogEvery, so
+	// that a flapping network is not a line per failed call.
+	logged   time.Time // when an outage's start was last logged
+	quiet    int       // outages begun since, not logged
+	loudThis bool      // the current outage's start was logged
+	closed   bool
+	stop     chan struct{}
+	wg       sync.WaitGroup
 }
 
 // probeEvery is how often the probe PINGs an unreachable Redis; each PING
@@ -39,6 +44,10 @@ const (
 	probeEvery   = 500 * time.Millisecond
 	probeTimeout = 500 * time.Millisecond
 )
+
+// outageLogEvery is the least time between two logged outages; those
+// between are counted in the next line.
+const outageLogEvery = 10 * time.Second
 
 func newOutage(rdb redis.UniversalClient, stats *counters) *outage {
 	return &outage{rdb: rdb, stats: stats, log: discard, every: probeEvery, stop: make(chan struct{})}
@@ -80,8 +89,14 @@ func (o *outage) report(err error) {
 	}
 	if o.cause.Load() == nil {
 		o.stats.outages.Add(1)
-		o.log.Warn("memolock: Redis is unreachable; calls fail at once until a probe is answered",
-			"error", err, "probe_every", o.every)
+		o.loudThis = time.Since(o.logged) >= outageLogEvery
+		if o.loudThis {
+			o.log.Warn("memolock: Redis is unreachable; calls fail at once until a probe is answered",
+				"error", err, "probe_every", o.every, "outages_not_logged", o.quiet)
+			o.logged, o.quiet = time.Now(), 0
+		} else {
+			o.quiet++
+		}
 	}
 	o.cause.Store(&err)
 	if !o.probing {
@@ -110,7 +125,9 @@ func (o *outage) probe() {
 		if err == nil || errors.As(err, &reply) {
 			// Redis answers, if only with an error reply: reachable.
 			o.cause.Store(nil)
-			o.log.Warn("memolock: Redis answers again; the outage is over")
+			if o.loudThis {
+				o.log.Warn("memolock: Redis answers again; the outage is over")
+			}
 			o.probing = false
 			o.mu.Unlock()
 			return

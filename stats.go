@@ -11,6 +11,7 @@ type counters struct {
 	fetches       atomic.Int64
 	fetchErrors   atomic.Int64
 	fetchPanics   atomic.Int64
+	fetchOther    atomic.Int64 // fetch errors neither panics nor time-outs
 	fetchTimeouts atomic.Int64
 	waits         atomic.Int64
 	wakeups       atomic.Int64

@@ -2,6 +2,7 @@ package memolock
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"time"
 
@@ -35,8 +36,10 @@ type call struct {
 // begin starts observing a call that missed the L1.
 func (c *Client) begin(ctx context.Context, id string) call {
 	cl := call{t0: time.Now()}
-	cl.ctx, cl.span = c.tracer.Start(ctx, "memolock.Get", trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(c.tagAttr, attribute.String("memolock.id", id)))
+	cl.ctx, cl.span = c.tracer.Start(ctx, "memolock.Get", c.spanOpts...)
+	if cl.span.IsRecording() {
+		cl.span.SetAttributes(attribute.String("memolock.id", id))
+	}
 	return cl
 }
 
@@ -68,7 +71,7 @@ func (c *Client) observe(cl call, served Served, err error) {
 		cl.span.SetAttributes(attribute.String("memolock.served", servedLabel(s)),
 			attribute.String("memolock.result", outcomeLabels[o]))
 		if o == gotError {
-			cl.span.SetStatus(codes.Error, err.Error())
+			cl.span.SetStatus(codes.Error, firstLine(err.Error()))
 		}
 	}
 	cl.span.End()
@@ -82,7 +85,9 @@ func flightToken(span trace.Span) string {
 		return t
 	}
 	sc := span.SpanContext()
-	if !sc.IsSampled() {
+	if !span.IsRecording() || !sc.IsSampled() {
+		// Not a span of memolock's provider: a no-op tracer hands back
+		// its caller's span context, which is not ours to name.
 		return t
 	}
 	carrier := propagation.MapCarrier{}
@@ -121,14 +126,31 @@ func (f *flight) waitsOn(holder string) {
 // fetchSpan starts the span of f's fetch, under f's context, whose values
 // (and span) are its leader's.
 func (c *Client) fetchSpan(ctx context.Context, f *flight) (context.Context, trace.Span) {
-	return c.tracer.Start(ctx, "memolock.fetch", trace.WithAttributes(c.tagAttr, attribute.String("memolock.id", f.id)))
+	ctx, span := c.tracer.Start(ctx, "memolock.fetch", c.fetchSpanOpts...)
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("memolock.id", f.id))
+	}
+	return ctx, span
 }
 
 // fetchDone ends a fetch span, and records the fetch's duration.
 func (c *Client) fetchDone(ctx context.Context, span trace.Span, t0 time.Time, err error) {
 	c.meters.fetched(ctx, time.Since(t0))
 	if err != nil && span.IsRecording() {
-		span.SetStatus(codes.Error, err.Error())
+		if errors.Is(err, ErrNotFound) {
+			span.SetAttributes(attribute.String("memolock.result", "not_found"))
+		} else {
+			span.SetStatus(codes.Error, firstLine(err.Error()))
+		}
 	}
 	span.End()
+}
+
+// firstLine is s up to its first newline: a span's status, without the
+// stack trace of a panic.
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
 }

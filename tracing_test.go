@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
 
 // newTraced returns a client whose spans go to the returned recorder.
@@ -291,5 +293,33 @@ func TestTracing_WaiterLinksToHolderInAnotherProcess(t *testing.T) {
 	}
 	if !linked {
 		t.Errorf("waiter's links %v do not name the holder's span %s/%s (token %q)", w.Links(), traceID, getSpan, holderToken)
+	}
+}
+
+// A client whose TracerProvider is a no-op (the default, before the
+// application sets one up) never puts a traceparent in its lock token,
+// even when the caller's context carries a sampled span of another
+// provider: that span is not memolock's to name.
+func TestTracing_NoopProviderLeavesTokensPlain(t *testing.T) {
+	srv := miniBackend(t)
+	tokens := make(chan string, 2)
+	for _, opts := range []*Options{{}, {TracerProvider: tracenoop.NewTracerProvider()}} {
+		c := newTestClient(t, srv.addr, "trn", opts)
+		tp := sdktrace.NewTracerProvider()
+		ctx, span := tp.Tracer("app").Start(bg(), "request")
+		if _, err := c.Get(ctx, "k"+strconv.Itoa(len(tokens)), func(_ context.Context, l *Lease) ([]byte, time.Duration, error) {
+			tokens <- l.Token()
+			return []byte("v"), time.Minute, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		span.End()
+		_ = tp.Shutdown(bg())
+	}
+	close(tokens)
+	for tok := range tokens {
+		if strings.Contains(tok, "/") {
+			t.Errorf("token %q names a span, with a no-op TracerProvider", tok)
+		}
 	}
 }

@@ -12,6 +12,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -32,14 +33,20 @@ func main() {
 	url := flag.String("redis", "redis://127.0.0.1:6379", "Redis URL")
 	listen := flag.String("listen", "127.0.0.1:9464", "address to serve /metrics on")
 	flag.Parse()
-	opts, err := redis.ParseURL(*url)
+	if err := run(*url, *listen); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(url, listen string) error {
+	opts, err := redis.ParseURL(url)
 	if err != nil {
-		log.Fatal("bad --redis URL")
+		return errors.New("bad --redis URL") // its text may quote a password
 	}
 	mux := http.NewServeMux()
 	mp, err := serveMetrics(mux, prometheus.NewRegistry())
 	if err != nil {
-		log.Fatal(err)
+		return err
 	}
 	defer mp.Shutdown(context.Background())
 
@@ -47,14 +54,14 @@ func main() {
 	defer rdb.Close()
 	c, err := memolock.New(rdb, "example", nil)
 	if err != nil {
-		log.Fatal(err)
+		return err
 	}
 	defer c.Close()
 	if err := getOnce(c); err != nil {
-		log.Fatal(err)
+		return err
 	}
-	fmt.Printf("metrics at http://%s/metrics\n", *listen)
-	log.Fatal(http.ListenAndServe(*listen, mux))
+	fmt.Printf("metrics at http://%s/metrics\n", listen)
+	return http.ListenAndServe(listen, mux)
 }
 
 // serveMetrics makes memolock's metrics, and anything else measured
