@@ -111,10 +111,14 @@ func (c *Client) GetMany(ctx context.Context, ids []string, fetch FetchIDFunc, o
 	for i, id := range distinct {
 		answers[i].ID = id
 	}
+	counted := make([]bool, len(answers)) // by the Get path
 	if missing := c.readHits(ctx, answers); len(missing) > 0 {
 		if opts.Batch != nil {
 			c.batchMisses(ctx, answers, missing, opts.Batch)
 		} else {
+			for _, i := range missing {
+				counted[i] = true
+			}
 			limit := opts.Concurrency
 			if limit == 0 {
 				limit = DefaultManyConcurrency
@@ -122,8 +126,10 @@ func (c *Client) GetMany(ctx context.Context, ids []string, fetch FetchIDFunc, o
 			c.fetchMisses(ctx, answers, missing, fetch, limit)
 		}
 	}
-	for _, a := range answers {
-		c.stats.count(a.Served, a.Err)
+	for i, a := range answers {
+		if !counted[i] {
+			c.stats.count(a.Served, a.Err)
+		}
 	}
 	for i, id := range ids {
 		items[i] = answers[index[id]]
@@ -332,7 +338,9 @@ func (c *Client) fetchMisses(ctx context.Context, items []Item, missing []int, f
 				if f != nil {
 					val, served, err = c.flights.await(ctx, f)
 				}
-				c.observe(cl, served, err) // GetMany counts every answer
+				if !cl.t0.IsZero() {
+					c.end(cl, served, err) // else get counted it
+				}
 				it.Value, it.Served, it.Err = val, served, err
 				if err != nil && !errors.Is(err, ErrNotFound) {
 					it.Value, it.Served = nil, 0

@@ -455,12 +455,13 @@ func (c *Client) GetExternal(ctx context.Context, id string, start StartFunc) ([
 // do is one caller's Get: the flight's answer, counted, timed and traced.
 func (c *Client) do(ctx context.Context, id string, fetch FetchFunc, start StartFunc) ([]byte, Served, error) {
 	f, val, served, cl, err := c.get(ctx, id, fetch, start)
+	if cl.t0.IsZero() {
+		return val, served, err // answered (and counted) before Redis
+	}
 	if f != nil {
 		val, served, err = c.flights.await(ctx, f)
 	}
-	if c.usable() == nil {
-		c.end(cl, served, err)
-	}
+	c.end(cl, served, err)
 	return val, served, err
 }
 
@@ -472,21 +473,24 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 	if err := c.usable(); err != nil {
 		return nil, nil, 0, cl, err
 	}
-	if ctx == nil {
-		return nil, nil, 0, cl, fmt.Errorf("%w: context is nil", ErrInvalid)
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, nil, 0, cl, fmt.Errorf("%w: %w", ErrTimeout, err)
-	}
 	key, err := c.wireID(id)
+	switch {
+	case ctx == nil:
+		err = fmt.Errorf("%w: context is nil", ErrInvalid)
+	case ctx.Err() != nil:
+		err = fmt.Errorf("%w: %w", ErrTimeout, ctx.Err())
+	}
 	if err != nil {
+		c.stats.count(0, err)
 		return nil, nil, 0, cl, err
 	}
 	if c.l1 != nil {
 		if v, notFound, ok := c.l1.get(key); ok {
 			if notFound {
+				c.stats.calls[ServedL1][gotNotFound].Add(1)
 				return nil, nil, ServedL1, cl, c.notFoundErr(id)
 			}
+			c.stats.calls[ServedL1][gotValue].Add(1)
 			return nil, v, ServedL1, cl, nil
 		}
 	}
