@@ -1,16 +1,74 @@
-// Command memolock shows memolock working and memoizes commands through Redis.
+// Command memolock shows memolock working, memoizes commands through Redis,
+// and shows an operator what memolock keeps in Redis.
 //
-//	memolock demo [--redis URL [--cluster]] [--clients N] [--goroutines N] [--fetch D]
+//	memolock demo [--redis URL [--cluster]] [--clients N] [--goroutines N] [--fetch D] [--metrics]
 //	memolock run --tag T --id ID --ttl D [--redis URL [--cluster]] [--lock-ttl D] [--wait D] -- CMD [ARGS...]
+//	memolock inspect --tag T --id ID [--redis URL [--cluster]] [--hash-ids] [--json]
+//	memolock watch --tag T [--id ID ...] [--redis URL [--cluster]] [--hash-ids]
 //
 // demo runs a stampede on one missing key, with memolock and without it, on
-// an embedded miniredis unless --redis is given.
+// an embedded miniredis unless --redis is given. With --metrics it then
+// prints memolock's OpenTelemetry metrics for its run, as the SDK recorded
+// them.
 //
 // run prints the standard output of CMD, running CMD at most once at a time
 // per key across every machine that shares the Redis server: concurrent
 // invocations wait for the running one and print its output. Output is
 // cached for --ttl. --redis defaults to $MEMOLOCK_REDIS, then
-// redis://127.0.0.1:6379.
+// redis://127.0.0.1:6379, for run, inspect and watch alike; --cluster
+// takes a cluster URL, redis://host:port?addr=host2:port2 (seed nodes).
+// Passwords in URLs are never printed.
+//
+// inspect prints what Redis holds for one id, without computing, waiting
+// or changing anything: the value's size (never the value, which may be
+// secret) and remaining TTL, whether it is a stale value put back after a
+// failed fetch, a cached "not found" and the stale copy kept for failures
+// (Options.NegTTL, StaleTTL), the lock's holder and TTL, and how many
+// processes wait for the value: PUBSUB NUMSUB of T/notif:I and
+// T/lock-event:I, or on a cluster PUBSUB SHARDNUMSUB on the master of the
+// id's slot. Waiters that listen by pattern (original redis-memolock
+// peers, watch without --id) are not counted; watch with --id is. With
+// --hash-ids, the id is hashed as Options.HashIDs hashes it. inspect exits
+// 0 when Redis answered, whatever it holds, 1 when it did not (within
+// 5s), 2 on bad usage. --json prints one object:
+//
+//	tag, id              as given
+//	key                  the value key, placed (T:{I} on a cluster) and hashed as the clients do
+//	found, size          whether there is a value (an empty one counts), and its size in bytes
+//	ttl_ms               the value's remaining TTL in ms, -1 if it never expires, null without a value
+//	stale                the value is a stale copy put back after a failed fetch (served flagged stale)
+//	stale_copy_ttl_ms    the TTL of the copy kept for failing fetches, null without one
+//	not_found            fetch found nothing and that is cached ...
+//	not_found_ttl_ms     ... for this long, null when not
+//	lock                 "free"; "held" (computing); "done" (lingering after a store);
+//	                     "stale" (a stale value is served and nobody fetches until the lock expires)
+//	holder               the holder's token, without "done:" or "stale:"; "" when free
+//	lock_ttl_ms          the lock's remaining TTL, null when free
+//	value_subscribers    subscribers of T/notif:I
+//	event_subscribers    subscribers of T/lock-event:I
+//	waiters              the larger of the two
+//
+// watch prints the traffic of a tag, one line per event,
+// "<time> <kind> id=<id> ...", until SIGINT or SIGTERM (then it exits 0):
+// value (published, with its size, never its bytes), fail (the holder's
+// token and the first line of its message), abandon, notfound, stale, and
+// takeover (a lock expired without a value: its holder is gone and the
+// next caller takes over), refetch (a stale value's time is up). With
+// --id it watches those ids only (hashed first with --hash-ids). On one server it subscribes to the
+// tag's channels by pattern (to the ids' channels with --id). Nobody
+// publishes takeovers: watch sees them as keyspace events of expired
+// locks, which need notify-keyspace-events with K and x. It checks that
+// once and, if they are off or it cannot tell, says so on stderr with the
+// CONFIG SET an operator could run; it never runs it. On a cluster, values
+// and events travel on sharded channels, which no pattern matches: with
+// --id, watch subscribes to each id's channels on the master of its slot;
+// without, it shows only what keyspace events on every master tell (which
+// needs K, $ and x): values stored ("stored", with their size), "not
+// found" cached, and takeovers. It does not follow slots that move or
+// masters added while it runs. Pub/sub delivers at most once: what is
+// published while a connection is down is missed, and watch says so on
+// stderr. It exits 1 if Redis cannot be reached or refuses the
+// subscription at the start, 2 on bad usage.
 package main
 
 import (
@@ -36,9 +94,14 @@ type quiet struct{}
 func (quiet) Printf(context.Context, string, ...any) {}
 
 const usage = `usage:
-  memolock demo [--redis URL [--cluster]] [--clients N] [--goroutines N] [--fetch D]
+  memolock demo [--redis URL [--cluster]] [--clients N] [--goroutines N] [--fetch D] [--metrics]
   memolock demo --interop [--redis URL] [--processes N] [--interop-dir DIR]
   memolock run --tag T --id ID --ttl D [--redis URL [--cluster]] [--lock-ttl D] [--wait D] -- CMD [ARGS...]
+  memolock inspect --tag T --id ID [--redis URL [--cluster]] [--hash-ids] [--json]
+      what Redis holds for one id: value size and TTL, stale and "not found"
+      state, the lock's holder and TTL, and how many processes wait
+  memolock watch --tag T [--id ID ...] [--redis URL [--cluster]] [--hash-ids]
+      a live feed of the tag's values, holder failures and takeovers, until ^C
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -51,6 +114,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return demo(args[1:], stdout, stderr)
 	case "run":
 		return runCmd(args[1:], stdout, stderr)
+	case "inspect":
+		return inspect(args[1:], stdout, stderr)
+	case "watch":
+		return watch(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
