@@ -332,9 +332,10 @@ func (c *Client) fetchMisses(ctx context.Context, items []Item, missing []int, f
 					return
 				}
 				it := &items[missing[n]]
-				f, val, served, cl, err := c.get(ctx, it.ID, func(ctx context.Context, lease *Lease) ([]byte, time.Duration, error) {
+				var cl call
+				f, val, served, err := c.get(ctx, it.ID, func(ctx context.Context, lease *Lease) ([]byte, time.Duration, error) {
 					return fetch(ctx, it.ID, lease)
-				}, nil)
+				}, nil, &cl)
 				if f != nil {
 					val, served, err = c.flights.await(ctx, f)
 				}

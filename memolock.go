@@ -454,7 +454,8 @@ func (c *Client) GetExternal(ctx context.Context, id string, start StartFunc) ([
 
 // do is one caller's Get: the flight's answer, counted, timed and traced.
 func (c *Client) do(ctx context.Context, id string, fetch FetchFunc, start StartFunc) ([]byte, Served, error) {
-	f, val, served, cl, err := c.get(ctx, id, fetch, start)
+	var cl call
+	f, val, served, err := c.get(ctx, id, fetch, start, &cl)
 	if cl.t0.IsZero() {
 		return val, served, err // answered (and counted) before Redis
 	}
@@ -468,10 +469,9 @@ func (c *Client) do(ctx context.Context, id string, fetch FetchFunc, start Start
 // get starts or joins the flight for id. It returns the value or an error,
 // or a flight to await (the caller awaits it itself, so that a woken
 // caller returns through fewer frames), and the call as observed so far.
-func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start StartFunc) (*flight, []byte, Served, call, error) {
-	var cl call
+func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start StartFunc, cl *call) (*flight, []byte, Served, error) {
 	if err := c.usable(); err != nil {
-		return nil, nil, 0, cl, err
+		return nil, nil, 0, err
 	}
 	key, err := c.wireID(id)
 	switch {
@@ -482,29 +482,29 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 	}
 	if err != nil {
 		c.stats.count(0, err)
-		return nil, nil, 0, cl, err
+		return nil, nil, 0, err
 	}
 	if c.l1 != nil {
 		if v, notFound, ok := c.l1.get(key); ok {
 			if notFound {
 				c.stats.calls[ServedL1][gotNotFound].Add(1)
-				return nil, nil, ServedL1, cl, c.notFoundErr(id)
+				return nil, nil, ServedL1, c.notFoundErr(id)
 			}
 			c.stats.calls[ServedL1][gotValue].Add(1)
-			return nil, v, ServedL1, cl, nil
+			return nil, v, ServedL1, nil
 		}
 	}
-	cl = c.begin(ctx, id)
+	*cl = c.begin(ctx, id)
 	ctx = cl.ctx
 	f, leader, err := c.flights.join(key, func() *flight {
 		return &flight{id: id, key: key, token: flightToken(cl.span), span: cl.span, fetch: fetch, start: start, done: make(chan struct{})}
 	}, &c.wg)
 	if err != nil {
-		return nil, nil, 0, cl, err
+		return nil, nil, 0, err
 	}
 	if !leader {
 		cl.joined(f)
-		return f, nil, 0, cl, nil
+		return f, nil, 0, nil
 	}
 	if c.l1 != nil {
 		f.l1 = c.l1.snap(key) // before anything is read
@@ -514,7 +514,7 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 		// ignores context deadlines by default.
 		c.flights.launch(f, ctx)
 		go c.resolve(f, nil)
-		return f, nil, 0, cl, nil
+		return f, nil, 0, nil
 	}
 	// This caller cannot leave, so the first lookup runs on its goroutine
 	// and a hit costs no goroutine.
@@ -538,11 +538,11 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 		} else {
 			c.wg.Done()
 		}
-		return nil, a.r.value, served, cl, nil
+		return nil, a.r.value, served, nil
 	}
 	c.flights.launch(f, ctx)
 	go c.resolve(f, &a)
-	return f, nil, 0, cl, nil
+	return f, nil, 0, nil
 }
 
 // attempt is the outcome of one lookup.
