@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.uber.org/goleak"
 
 	"github.com/memolock/memolock"
@@ -540,6 +541,63 @@ func TestNotFoundReachesEveryLanguage(t *testing.T) {
 	for _, rt := range all {
 		p := k.start(rt, ttl, `echo run >> "$1"`, k.path("runs"))
 		p.expect(t, codes[rt.name], []byte{})
+	}
+	if n := k.runs("runs"); n != 0 {
+		t.Errorf("the command ran %d times", n)
+	}
+}
+
+// A traced Go holder's token carries its span's traceparent after a "/"
+// (PROTOCOL.md, Token). Every peer compares tokens as opaque strings: a
+// Python and a C# waiter still match the holder's failure event to the
+// holder they wait for, and fail at once instead of after the lock TTL;
+// and a Go waiter in another process too.
+func TestTracedHolderTokenIsOpaqueToEveryPeer(t *testing.T) {
+	need(t, all...)
+	k := newKey(t, "traced")
+	tp := sdktrace.NewTracerProvider()
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	c, err := memolock.New(k.rdb, k.tag, &memolock.Options{LockTTL: 30 * time.Second, TracerProvider: tp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, span := tp.Tracer("interop").Start(context.Background(), "request")
+	defer span.End()
+	started, release := make(chan string, 1), make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		_, err := c.Get(ctx, k.id, func(_ context.Context, l *memolock.Lease) ([]byte, time.Duration, error) {
+			started <- l.Token()
+			<-release
+			return nil, 0, errors.New("traced backend down")
+		})
+		held <- err
+	}()
+	token := <-started
+	if !strings.Contains(token, "/00-") {
+		t.Fatalf("the traced holder's token %q carries no traceparent", token)
+	}
+	ttl := []string{"--lock-ttl", "30s"}
+	var ws []*proc
+	for _, rt := range all {
+		ws = append(ws, k.start(rt, ttl, `echo run >> "$1"`, k.path("runs")))
+	}
+	k.subscribers(3)
+	k.waiting(ws...)
+	released := time.Now()
+	close(release)
+	if err := <-held; err == nil {
+		t.Fatal("the holder's callers got no error")
+	}
+	for _, w := range ws {
+		w.expect(t, 1, []byte{})
+		if after := w.exited.Sub(released); after > 5*time.Second {
+			t.Errorf("%s waiter exited %v after the holder failed: it did not match the traced token", w.rt.name, after)
+		}
+		if !strings.Contains(w.stderr(), "traced backend down") {
+			t.Errorf("%s waiter does not report the holder's failure:\n%s", w.rt.name, w.stderr())
+		}
 	}
 	if n := k.runs("runs"); n != 0 {
 		t.Errorf("the command ran %d times", n)
