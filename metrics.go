@@ -103,23 +103,20 @@ func newMeters(mp metric.MeterProvider, tag string, c *Client) (*meters, error) 
 		}
 	}
 	var gets metric.Int64ObservableCounter
-	var waiting, flights, channels metric.Int64ObservableUpDownCounter
 	if err == nil {
 		gets, err = m.Int64ObservableCounter("memolock.gets", metric.WithUnit("{call}"),
 			metric.WithDescription("Answers given to callers (Get and its variants, Lookup, each GetMany id), by how they were served and what they were."))
 	}
-	if err == nil {
-		waiting, err = m.Int64ObservableUpDownCounter("memolock.waiting", metric.WithUnit("{flight}"),
-			metric.WithDescription("Flights parked on a lock held by somebody else."))
+	gauge := func(name, unit, desc string) metric.Int64ObservableUpDownCounter {
+		var g metric.Int64ObservableUpDownCounter
+		if err == nil {
+			g, err = m.Int64ObservableUpDownCounter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		}
+		return g
 	}
-	if err == nil {
-		flights, err = m.Int64ObservableUpDownCounter("memolock.flights", metric.WithUnit("{flight}"),
-			metric.WithDescription("Flights in progress in this process."))
-	}
-	if err == nil {
-		channels, err = m.Int64ObservableUpDownCounter("memolock.pubsub.channels", metric.WithUnit("{channel}"),
-			metric.WithDescription("Channels subscribed on this client's pub/sub connections."))
-	}
+	waiting := gauge("memolock.waiting", "{flight}", "Flights parked until a value comes from elsewhere: another holder, or an external producer.")
+	flights := gauge("memolock.flights", "{flight}", "Flights in progress in this process.")
+	channels := gauge("memolock.pubsub.channels", "{channel}", "Channels subscribed on this client's pub/sub connections.")
 	if err != nil {
 		return &meters{disabled: true}, err
 	}
