@@ -516,12 +516,7 @@ func TestNotFoundReachesEveryLanguage(t *testing.T) {
 	}()
 	<-started
 	ttl := []string{"--lock-ttl", "30s"}
-	var ws []*proc
-	for _, rt := range all {
-		ws = append(ws, k.start(rt, ttl, `echo run >> "$1"`, k.path("runs")))
-	}
-	k.subscribers(3)
-	k.waiting(ws...)
+	ws := k.waitersOfEveryLanguage(ttl)
 	released := time.Now()
 	close(release)
 	if err := <-held; !errors.Is(err, memolock.ErrNotFound) {
@@ -579,12 +574,7 @@ func TestTracedHolderTokenIsOpaqueToEveryPeer(t *testing.T) {
 		t.Fatalf("the traced holder's token %q carries no traceparent", token)
 	}
 	ttl := []string{"--lock-ttl", "30s"}
-	var ws []*proc
-	for _, rt := range all {
-		ws = append(ws, k.start(rt, ttl, `echo run >> "$1"`, k.path("runs")))
-	}
-	k.subscribers(3)
-	k.waiting(ws...)
+	ws := k.waitersOfEveryLanguage(ttl)
 	released := time.Now()
 	close(release)
 	if err := <-held; err == nil {
@@ -602,4 +592,18 @@ func TestTracedHolderTokenIsOpaqueToEveryPeer(t *testing.T) {
 	if n := k.runs("runs"); n != 0 {
 		t.Errorf("the command ran %d times", n)
 	}
+}
+
+// waitersOfEveryLanguage starts one `memolock run` of each language on k,
+// which a holder in this process holds, and returns once all of them wait
+// with live subscriptions. Their command, if they ever run it, counts in
+// "runs".
+func (k *key) waitersOfEveryLanguage(ttl []string) []*proc {
+	var ws []*proc
+	for _, rt := range all {
+		ws = append(ws, k.start(rt, ttl, `echo run >> "$1"`, k.path("runs")))
+	}
+	k.subscribers(int64(len(all)))
+	k.waiting(ws...)
+	return ws
 }
