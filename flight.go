@@ -18,6 +18,11 @@ type flight struct {
 	key   string     // as sent to Redis (hashed with Options.HashIDs)
 	token string     // the lock token of every attempt this flight makes
 	span  trace.Span // the leader's Get span; nil for GetMany's batches and refreshes
+	// claim is the span token names, when the leader's Get is traced:
+	// started before the first lookup, it becomes the fetch span if the
+	// flight computes, or ends as "memolock.lookup" (see claimSpan). Only
+	// the flight's own goroutine touches it.
+	claim trace.Span
 	fetch FetchFunc
 	start StartFunc // external-producer mode when set
 

@@ -38,7 +38,8 @@ func (l *Lease) ID() string {
 
 // Token returns the value stored in the lock: 128 random bits in hex, then
 // "@host:pid" of the holder for diagnostics, then, when the flight's Get is
-// traced, "/" and its span's W3C traceparent (interop/PROTOCOL.md, Token).
+// traced, "/" and its fetch span's W3C traceparent (interop/PROTOCOL.md,
+// Token).
 func (l *Lease) Token() string {
 	if l == nil {
 		return ""

@@ -497,7 +497,9 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 	*cl = c.begin(ctx, id)
 	ctx = cl.ctx
 	f, leader, err := c.flights.join(key, func() *flight {
-		return &flight{id: id, key: key, token: flightToken(cl.span), span: cl.span, fetch: fetch, start: start, done: make(chan struct{})}
+		f := &flight{id: id, key: key, span: cl.span, fetch: fetch, start: start, done: make(chan struct{})}
+		f.token, f.claim = c.claimSpan(cl.ctx, f)
+		return f
 	}, &c.wg)
 	if err != nil {
 		return nil, nil, 0, err
@@ -527,6 +529,7 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 			c.stats.stale.Add(1)
 		}
 		c.flights.finish(f, a.r.value, nil, served)
+		f.endClaim()
 		if a.r.kind == replyRefresh {
 			c.refresh(f, ctx)
 		}
@@ -579,6 +582,7 @@ func (c *Client) resolve(f *flight, first *attempt) {
 	val, err := c.pursue(f, w, first)
 	// Callers first; the rest can wait.
 	c.flights.finish(f, val, err, w.served)
+	f.endClaim()
 	_, o := outcomeOf(w.served, err)
 	w.done(o)
 	w.end()

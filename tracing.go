@@ -14,8 +14,8 @@ import (
 
 // Tracing. Every call that misses the L1 gets a span, "memolock.Get", and
 // the fetch it runs a child span, "memolock.fetch". A flight whose Get is
-// traced (its span is sampled) appends the span's W3C traceparent to its
-// lock token, after a "/":
+// traced (its span is sampled) appends its fetch span's W3C traceparent to
+// its lock token, after a "/" (see claimSpan):
 //
 //	9f86d081884c7d659a2feaa0c55ad015@build-7:4121/00-<trace id>-<span id>-01
 //
@@ -77,8 +77,32 @@ func (c *Client) observe(cl call, served Served, err error) {
 	cl.span.End()
 }
 
-// flightToken returns a new token for a flight led by the call whose span
-// is span: with the span's traceparent when it is sampled.
+// claimSpan returns the token of flight f, led by a call whose span is
+// f.span, and the span it names, if that call is traced. The fetch span
+// cannot be named in advance (the SDK picks span ids), and the token must
+// be fixed before the first lookup, which may win the lock: so the span
+// named is started now, as "memolock.fetch". If the flight computes, it
+// is the fetch span; if not, it ends as "memolock.lookup", covering the
+// flight's lookups and wait.
+func (c *Client) claimSpan(ctx context.Context, f *flight) (string, trace.Span) {
+	if f.span == nil || !f.span.IsRecording() {
+		return newToken(), nil
+	}
+	_, span := c.fetchSpan(ctx, f)
+	return flightToken(span), span
+}
+
+// endClaim ends f's claimed span if no fetch took it.
+func (f *flight) endClaim() {
+	if f.claim != nil {
+		f.claim.SetName("memolock.lookup")
+		f.claim.End()
+		f.claim = nil
+	}
+}
+
+// flightToken returns a new token naming span, when span is sampled and
+// recording.
 func flightToken(span trace.Span) string {
 	t := newToken()
 	if span == nil {
@@ -123,9 +147,13 @@ func (f *flight) waitsOn(holder string) {
 	}
 }
 
-// fetchSpan starts the span of f's fetch, under f's context, whose values
-// (and span) are its leader's.
+// fetchSpan starts the span of f's fetch, under ctx, whose values (and
+// span) are its leader's; or takes the span the flight's token names.
 func (c *Client) fetchSpan(ctx context.Context, f *flight) (context.Context, trace.Span) {
+	if span := f.claim; span != nil {
+		f.claim = nil
+		return trace.ContextWithSpan(ctx, span), span
+	}
 	ctx, span := c.tracer.Start(ctx, "memolock.fetch", c.fetchSpanOpts...)
 	if span.IsRecording() {
 		span.SetAttributes(attribute.String("memolock.id", f.id))

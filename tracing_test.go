@@ -90,6 +90,8 @@ func TestTracing_GetSpansAndFetchChild(t *testing.T) {
 	}
 	if gets := spansNamed(rec2, "memolock.Get"); len(gets) != 1 || len(spansNamed(rec2, "memolock.fetch")) != 0 {
 		t.Fatalf("a Redis hit: %d Get spans, want 1 and no fetch", len(gets))
+	} else if l := spansNamed(rec2, "memolock.lookup"); len(l) != 1 || l[0].Parent().SpanID() != gets[0].SpanContext().SpanID() {
+		t.Fatalf("a Redis hit: %d lookup spans, want 1, the Get span's child", len(l))
 	} else if v, _ := spanAttr(gets[0], "memolock.served"); v.AsString() != "redis" {
 		t.Errorf("served = %q, want redis", v.AsString())
 	}
@@ -203,7 +205,7 @@ const traceChildEnv = "MEMOLOCK_TRACE_CHILD"
 
 // runTraceChild holds id "x" of tag "trx" on the Redis at addr: it says
 // "fetching", waits for a line on stdin, stores "from-child", and prints
-// the trace id, its Get span's id and its fetch span's parent id.
+// the trace id, its Get span's id, its fetch span's id and parent id.
 func runTraceChild(addr string) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
@@ -230,7 +232,7 @@ func runTraceChild(addr string) {
 		fmt.Println("error: spans", len(g), len(f))
 		return
 	}
-	fmt.Println("spans", g[0].SpanContext().TraceID(), g[0].SpanContext().SpanID(), f[0].Parent().SpanID())
+	fmt.Println("spans", g[0].SpanContext().TraceID(), g[0].SpanContext().SpanID(), f[0].SpanContext().SpanID(), f[0].Parent().SpanID())
 }
 
 func TestTracing_WaiterLinksToHolderInAnotherProcess(t *testing.T) {
@@ -267,10 +269,10 @@ func TestTracing_WaiterLinksToHolderInAnotherProcess(t *testing.T) {
 		t.Fatal("holder process said nothing more")
 	}
 	f := strings.Fields(holder.out.Text())
-	if len(f) != 4 || f[0] != "spans" {
+	if len(f) != 5 || f[0] != "spans" {
 		t.Fatalf("holder process: %q", holder.out.Text())
 	}
-	traceID, getSpan, fetchParent := f[1], f[2], f[3]
+	traceID, getSpan, fetchSpan, fetchParent := f[1], f[2], f[3], f[4]
 	if getSpan != fetchParent {
 		t.Fatalf("holder: fetch span's parent %s is not its Get span %s", fetchParent, getSpan)
 	}
@@ -287,12 +289,12 @@ func TestTracing_WaiterLinksToHolderInAnotherProcess(t *testing.T) {
 	}
 	linked := false
 	for _, l := range w.Links() {
-		if l.SpanContext.TraceID().String() == traceID && l.SpanContext.SpanID().String() == getSpan {
+		if l.SpanContext.TraceID().String() == traceID && l.SpanContext.SpanID().String() == fetchSpan {
 			linked = true
 		}
 	}
 	if !linked {
-		t.Errorf("waiter's links %v do not name the holder's span %s/%s (token %q)", w.Links(), traceID, getSpan, holderToken)
+		t.Errorf("waiter's links %v do not name the holder's fetch span %s/%s (token %q)", w.Links(), traceID, fetchSpan, holderToken)
 	}
 }
 
@@ -321,5 +323,63 @@ func TestTracing_NoopProviderLeavesTokensPlain(t *testing.T) {
 		if strings.Contains(tok, "/") {
 			t.Errorf("token %q names a span, with a no-op TracerProvider", tok)
 		}
+	}
+}
+
+// Every span a client starts ends, whatever path its call takes: computed,
+// a Redis hit, a failed fetch, a wait that ends in a takeover, an external
+// producer, a caller that gives up. The span a traced token names (the
+// claim) ends as memolock.fetch when its flight computes, and as
+// memolock.lookup when it does not.
+func TestTracing_EverySpanEnds(t *testing.T) {
+	srv := realBackend(t)
+	c, rec := newTraced(t, srv.addr, "tre", Options{LockTTL: 300 * time.Millisecond})
+	raw := rawClient(t, srv.addr)
+	val := func(context.Context, *Lease) ([]byte, time.Duration, error) { return []byte("v"), time.Minute, nil }
+
+	if _, err := c.Get(bg(), "computed", val); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Get(bg(), "computed", val); err != nil { // a Redis hit
+		t.Fatal(err)
+	}
+	if _, err := c.Get(bg(), "bad", func(context.Context, *Lease) ([]byte, time.Duration, error) {
+		return nil, 0, errors.New("down")
+	}); err == nil {
+		t.Fatal("no error")
+	}
+	// A holder that vanished: its lock expires, and this flight takes over.
+	raw.Set(bg(), "tre/lock:gone", "someone-else", 300*time.Millisecond)
+	if r, err := c.GetResult(bg(), "gone", val); err != nil || r.Served != ServedComputed {
+		t.Fatalf("takeover: %v, %v", r.Served, err)
+	}
+	// An external producer.
+	go func() {
+		eventually(t, 5*time.Second, "the external start", func() bool { return raw.Exists(bg(), "tre/lock:ext").Val() == 1 })
+		raw.Set(bg(), "tre:ext", "made elsewhere", time.Minute)
+		raw.Publish(bg(), "tre/notif:ext", "made elsewhere")
+	}()
+	if _, err := c.GetExternal(bg(), "ext", func(context.Context, *Lease) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	// A caller that gives up while waiting on somebody else's lock.
+	raw.Set(bg(), "tre/lock:held", "someone-else", time.Minute)
+	ctx, cancel := context.WithTimeout(bg(), 100*time.Millisecond)
+	if _, err := c.Get(ctx, "held", val); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("gave up: %v", err)
+	}
+	cancel()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	started, ended := len(rec.Started()), len(rec.Ended())
+	if started != ended {
+		t.Errorf("%d spans started, %d ended", started, ended)
+	}
+	if n := len(spansNamed(rec, "memolock.fetch")); n != 3 {
+		t.Errorf("%d fetch spans, want 3: computed, failed, taken over", n)
+	}
+	if n := len(spansNamed(rec, "memolock.lookup")); n < 3 {
+		t.Errorf("%d lookup spans, want at least the Redis hit's, the external producer's and the wait given up", n)
 	}
 }

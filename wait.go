@@ -240,6 +240,7 @@ func (w *wait) takeover() {
 		w.c.stats.takeovers.Add(1)
 		w.c.log.Info("memolock: took over a lock whose holder went silent",
 			"tag", w.c.keys.Tag(), "id", w.f.id, "previous_holder", w.holder)
+		w.f.endClaim() // it covered the wait: the fetch gets a span of its own
 		w.done(gotNothing)
 	}
 }
