@@ -20,7 +20,7 @@ import (
 
 func demo(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("memolock demo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(flagOutput(stderr, args))
 	redisURL := fs.String("redis", "", "Redis URL (default: an embedded miniredis)")
 	clients := fs.Int("clients", 8, "independent clients, each with its own connections, like separate processes")
 	goroutines := fs.Int("goroutines", 200, "goroutines per client")
@@ -31,6 +31,10 @@ func demo(args []string, stdout, stderr io.Writer) int {
 	metrics := fs.Bool("metrics", false, "print the memolock run's OpenTelemetry metrics, as the SDK recorded them")
 	cluster := fs.Bool("cluster", false, "--redis is a Redis Cluster: redis://host:port?addr=host2:port2&addr=... (seed nodes)")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "memolock demo: unexpected argument %q; --cluster takes no value, give the URL with --redis\n", redactArg(fs.Arg(0)))
 		return 2
 	}
 	if *perPeer < 1 || *perPeer > 50 {

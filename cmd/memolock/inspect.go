@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -24,6 +25,14 @@ import (
 // for Redis to answer before it starts to listen.
 const callTimeout = 5 * time.Second
 
+// inspectScript reads what Redis holds for one id without transferring
+// the value, which may be large: its size and PTTL, the lock's holder and
+// PTTL, and the PTTLs of the "not found" marker and the stale copy. KEYS:
+// value, lock, not-found and stale keys. It only reads. One script, so
+// that the answer is one moment's, as the library's peek script is.
+var inspectScript = redis.NewScript(`return {redis.call('STRLEN', KEYS[1]), redis.call('PTTL', KEYS[1]),
+  redis.call('GET', KEYS[2]), redis.call('PTTL', KEYS[2]), redis.call('PTTL', KEYS[3]), redis.call('PTTL', KEYS[4])}`)
+
 // inspection is what inspect prints with --json, one object per run. The
 // durations are milliseconds, -1 for a key without expiry, and null when
 // the key is not there.
@@ -32,7 +41,7 @@ type inspection struct {
 	ID    string `json:"id"`
 	Key   string `json:"key"` // the value key, as placed and hashed
 	Found bool   `json:"found"`
-	Size  int    `json:"size"` // bytes; never the value itself
+	Size  int64  `json:"size"` // bytes; never the value itself
 	TTL   *int64 `json:"ttl_ms"`
 	// Stale: the value is a stale copy put back after a failed fetch.
 	Stale          bool   `json:"stale"`
@@ -45,29 +54,60 @@ type inspection struct {
 	ValueListeners int64  `json:"value_subscribers"`
 	EventListeners int64  `json:"event_subscribers"`
 	Waiters        int64  `json:"waiters"`
+	// The bytes of the strings above that are not valid UTF-8, which JSON
+	// cannot carry (they would come out with U+FFFD in place of bytes).
+	TagBase64    string `json:"tag_base64,omitempty"`
+	IDBase64     string `json:"id_base64,omitempty"`
+	KeyBase64    string `json:"key_base64,omitempty"`
+	HolderBase64 string `json:"holder_base64,omitempty"`
 }
 
 func inspect(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("memolock inspect", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(flagOutput(stderr, args))
 	redisURL := fs.String("redis", "", "Redis URL (default $MEMOLOCK_REDIS, then "+defaultRedisURL+")")
 	cluster := fs.Bool("cluster", false, "--redis is a Redis Cluster: redis://host:port?addr=host2:port2&addr=... (seed nodes)")
 	tag := fs.String("tag", "", "key tag (required)")
-	id := fs.String("id", "", "key id (required)")
+	var ids idList
+	fs.Var(&ids, "id", "key id (required, once)")
 	hashIDs := fs.Bool("hash-ids", false, "ids are hashed on the wire (the clients use Options.HashIDs)")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	switch {
-	case *tag == "" || !set["id"]:
+	case *tag == "" || len(ids) == 0:
 		fmt.Fprintln(stderr, "memolock inspect: --tag and --id are required")
 		return exitUsage
-	case fs.NArg() > 0:
-		fmt.Fprintf(stderr, "memolock inspect: unexpected argument %q; give the id with --id\n", fs.Arg(0))
+	case len(ids) > 1:
+		fmt.Fprintf(stderr, "memolock inspect: --id given %d times; inspect shows one id: run it once per id\n", len(ids))
 		return exitUsage
+	case fs.NArg() > 0:
+		fmt.Fprintf(stderr, "memolock inspect: unexpected argument %q; give the id with --id (--cluster takes no value)\n", redactArg(fs.Arg(0)))
+		return exitUsage
+	}
+	id := ids[0]
+	keys, err := memolock.NewKeyScheme(*tag)
+	if err != nil {
+		fmt.Fprintf(stderr, "memolock inspect: %v\n", err)
+		return exitUsage
+	}
+	// The id as the clients send it: hashed with HashIDs, placed on a
+	// cluster.
+	wire := id
+	if *hashIDs {
+		wire = memolock.HashID(wire)
+	}
+	if *cluster {
+		if strings.ContainsAny(*tag, "{}") {
+			fmt.Fprintf(stderr, "memolock inspect: tag %q contains a brace; on a cluster the id's braces must be the first in every key\n", *tag)
+			return exitUsage
+		}
+		var ok bool
+		if wire, ok = memolock.PlaceID(wire); !ok {
+			fmt.Fprintf(stderr, "memolock inspect: --id %s cannot be placed in a cluster slot (it is empty or starts with \"}\"); pass --hash-ids if the clients hash ids (Options.HashIDs), as they must to use it\n", show(id))
+			return exitUsage
+		}
 	}
 	url := redisURLOrDefault(*redisURL)
 	rdb, err := openRedis(url, *cluster)
@@ -76,37 +116,27 @@ func inspect(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	defer rdb.Close()
-	c, err := memolock.New(rdb, *tag, &memolock.Options{HashIDs: *hashIDs})
-	if err != nil {
-		fmt.Fprintf(stderr, "memolock inspect: %v\n", err)
-		return exitUsage
-	}
-	defer c.Close()
 
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	p, err := c.Peek(ctx, *id)
-	if errors.Is(err, memolock.ErrInvalid) {
-		fmt.Fprintf(stderr, "memolock inspect: %v\n", err)
-		return exitUsage
+	in := inspection{Tag: *tag, ID: id, Key: keys.Value(wire), Lock: "free"}
+	var res []any
+	err = within(ctx, func(ctx context.Context) error {
+		var err error
+		res, err = inspectScript.Run(ctx, rdb, []string{keys.Value(wire), keys.Lock(wire), keys.NotFound(wire), keys.Stale(wire)}).Slice()
+		return err
+	})
+	if err == nil {
+		err = in.read(res)
 	}
 	if err != nil {
 		hint := ""
 		if msg := err.Error(); !*cluster && (strings.Contains(msg, "MOVED ") || strings.Contains(msg, "CROSSSLOT ")) {
 			hint = "; this is a Redis Cluster: pass --cluster"
 		}
-		fmt.Fprintf(stderr, "memolock inspect: %v (redis %s)%s\n", err, redact(url), hint+timedOut(err))
+		fmt.Fprintf(stderr, "memolock inspect: reading %s: %v (redis %s)%s\n", show(in.Key), err, redact(url), hint+timedOut(err))
 		return exitFailure
 	}
-	// Peek placed the id; the channels are placed the same way.
-	wire := *id
-	if *hashIDs {
-		wire = memolock.HashID(wire)
-	}
-	if *cluster {
-		wire, _ = memolock.PlaceID(wire) // Peek has refused ids it cannot place
-	}
-	keys := c.Keys()
 	notif, events := keys.Notif(wire), keys.Events(wire)
 	var subs map[string]int64
 	err = within(ctx, func(ctx context.Context) error {
@@ -126,30 +156,14 @@ func inspect(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "memolock inspect: counting the subscribers of %s: %v (redis %s)%s\n", show(notif), err, redact(url), timedOut(err))
 		return exitFailure
 	}
-
-	in := inspection{Tag: *tag, ID: *id, Key: keys.Value(wire), Found: p.Found, Size: len(p.Value),
-		Stale: p.Stale, NotFound: p.NotFound, Lock: "free",
-		ValueListeners: subs[notif], EventListeners: subs[events]}
+	in.ValueListeners, in.EventListeners = subs[notif], subs[events]
 	in.Waiters = max(in.ValueListeners, in.EventListeners)
-	if p.Found {
-		in.TTL = millis(p.TTL)
-	}
-	if p.StaleCopyTTL != 0 {
-		in.StaleCopyTTL = millis(p.StaleCopyTTL)
-	}
-	if p.NotFound {
-		in.NotFoundTTL = millis(p.NotFoundTTL)
-	}
-	if p.Holder != "" {
-		in.Lock, in.Holder = "held", p.Holder
-		for _, state := range []string{"done", "stale"} {
-			if token, ok := strings.CutPrefix(p.Holder, state+":"); ok {
-				in.Lock, in.Holder = state, token
+	if *asJSON {
+		for _, f := range []struct{ s, b64 *string }{{&in.Tag, &in.TagBase64}, {&in.ID, &in.IDBase64}, {&in.Key, &in.KeyBase64}, {&in.Holder, &in.HolderBase64}} {
+			if !utf8.ValidString(*f.s) {
+				*f.b64 = base64.StdEncoding.EncodeToString([]byte(*f.s))
 			}
 		}
-		in.LockTTL = millis(p.HolderTTL)
-	}
-	if *asJSON {
 		if err := json.NewEncoder(stdout).Encode(in); err != nil {
 			fmt.Fprintf(stderr, "memolock inspect: writing output: %v\n", err)
 			return exitFailure
@@ -161,6 +175,47 @@ func inspect(args []string, stdout, stderr io.Writer) int {
 		return exitFailure
 	}
 	return 0
+}
+
+// read fills in from inspectScript's reply.
+func (in *inspection) read(res []any) error {
+	var n [6]int64 // PTTLs: -2 no key, -1 no expiry
+	ok := len(res) == len(n)
+	for i := 0; ok && i < len(n); i++ {
+		if i != 2 {
+			n[i], ok = res[i].(int64)
+		}
+	}
+	var (
+		holder string
+		held   bool
+	)
+	if ok {
+		holder, held = res[2].(string)
+		ok = held || res[2] == nil
+	}
+	if !ok {
+		return fmt.Errorf("unexpected script reply %v", res)
+	}
+	if n[1] != -2 {
+		in.Found, in.Size, in.TTL = true, n[0], millis(n[1])
+	}
+	if n[5] != -2 {
+		in.StaleCopyTTL = millis(n[5])
+	}
+	if n[4] != -2 && !in.Found {
+		in.NotFound, in.NotFoundTTL = true, millis(n[4])
+	}
+	if held {
+		in.Lock, in.Holder, in.LockTTL = "held", holder, millis(n[3])
+		for _, state := range []string{"done", "stale"} {
+			if token, ok := strings.CutPrefix(holder, state+":"); ok {
+				in.Lock, in.Holder = state, token
+			}
+		}
+		in.Stale = in.Found && in.Lock == "stale"
+	}
+	return nil
 }
 
 // printInspection prints in for people, one line per key.
@@ -204,10 +259,10 @@ func expiry(ms int64) string {
 	return "expires in " + (time.Duration(ms) * time.Millisecond).String()
 }
 
-func millis(d time.Duration) *int64 {
-	ms := int64(-1)
-	if d >= 0 {
-		ms = d.Milliseconds()
+// millis returns a PTTL for JSON: ms, or -1 for no expiry.
+func millis(ms int64) *int64 {
+	if ms < 0 {
+		ms = -1
 	}
 	return &ms
 }

@@ -3,9 +3,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -35,6 +38,11 @@ type inspected struct {
 	ValueListeners int64  `json:"value_subscribers"`
 	EventListeners int64  `json:"event_subscribers"`
 	Waiters        int64  `json:"waiters"`
+	// Set only for strings that are not valid UTF-8.
+	TagBase64    string `json:"tag_base64"`
+	IDBase64     string `json:"id_base64"`
+	KeyBase64    string `json:"key_base64"`
+	HolderBase64 string `json:"holder_base64"`
 }
 
 // inspectJSON runs inspect --json and decodes its one object, strictly.
@@ -316,7 +324,7 @@ func TestInspect_RedisDownOrSilent(t *testing.T) {
 		{[]string{"--redis", "redis://" + silent, "--cluster"}, "Redis did not answer in time"},
 	} {
 		inv := memolockCmd(t, nil, append([]string{"inspect", "--tag", "t", "--id", "i"}, tc.args...)...)
-		if inv.code != 1 || !strings.Contains(inv.stderr, tc.want) || inv.took > 15*time.Second {
+		if inv.code != 1 || !strings.Contains(inv.stderr, tc.want) || strings.Contains(inv.stderr, "waiting for the value") || inv.took > 15*time.Second {
 			t.Errorf("%v: exit %d after %v, %q; want 1 and %q within seconds", tc.args, inv.code, inv.took, inv.stderr, tc.want)
 		}
 	}
@@ -337,11 +345,62 @@ func TestInspect_BadUsage(t *testing.T) {
 		{[]string{"inspect", "--tag", "t", "--id", "i", "--redis", "redis://h:1/0?dial_timeout=bogus"}, "not a valid Redis URL"},
 		{[]string{"inspect", "--tag", "t", "--id", "i", "--redis", "redis://h:1?dial_timeout=bogus", "--cluster"}, "not a valid Redis Cluster URL"},
 		{[]string{"inspect", "--tag", "t{x}", "--id", "i", "--redis", "redis://127.0.0.1:1", "--cluster"}, "contains a brace"},
+		{[]string{"inspect", "--tag", "t", "--id", "a", "--id", "b", "--redis", "redis://127.0.0.1:1"}, "--id given 2 times"},
+		{[]string{"inspect", "--tag", "t", "--id", "", "--redis", "redis://127.0.0.1:1", "--cluster"}, "cannot be placed in a cluster slot (it is empty or starts with \"}\"); pass --hash-ids"},
 	}
 	for _, tc := range cases {
 		inv := memolockCmd(t, nil, tc.args...)
 		if inv.code != 2 || !strings.Contains(inv.stderr, tc.want) || inv.stdout != "" {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q; want 2 and %q", tc.args, inv.code, inv.stdout, inv.stderr, tc.want)
 		}
+	}
+}
+
+// inspect measures a value without reading it: a 1 MB value costs Redis
+// no 1 MB reply.
+func TestInspect_BigValueIsNotTransferred(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	c := newClient(t, rdb, "big", nil)
+	if err := c.Set(ctx, "v", bytes.Repeat([]byte("x"), 1<<20), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	sent := func() int64 {
+		var n int64
+		for _, line := range strings.Split(rdb.Info(ctx, "stats").Val(), "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_net_output_bytes:"); ok {
+				n, _ = strconv.ParseInt(v, 10, 64)
+			}
+		}
+		return n
+	}
+	before := sent()
+	in := inspectJSON(t, "--redis", "redis://"+srv.Addr, "--tag", "big", "--id", "v")
+	if n := sent() - before; n > 64<<10 {
+		t.Errorf("Redis sent %d bytes for inspect", n)
+	}
+	if !in.Found || in.Size != 1<<20 || !inTTL(in.TTL, time.Hour) || in.Lock != "done" || !inTTL(in.LockTTL, time.Second) || in.Key != "big:v" {
+		t.Errorf("1 MB value: %+v", in)
+	}
+}
+
+// --json gives strings that are not UTF-8 (ids are any bytes) in base64
+// too, since JSON would turn their stray bytes into U+FFFD.
+func TestInspect_JSONKeepsBinaryIDs(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	id := "bin\xff\xfeid"
+	c := newClient(t, rdb, "bin", nil)
+	if err := c.Set(context.Background(), id, []byte("v"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	b64 := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+	in := inspectJSON(t, "--redis", "redis://"+srv.Addr, "--tag", "bin", "--id", id)
+	if !in.Found || in.IDBase64 != b64(id) || in.KeyBase64 != b64("bin:"+id) || in.TagBase64 != "" || in.HolderBase64 != "" {
+		t.Errorf("binary id: %+v", in)
+	}
+	if in = inspectJSON(t, "--redis", "redis://"+srv.Addr, "--tag", "bin", "--id", "plain"); in.IDBase64 != "" || in.KeyBase64 != "" {
+		t.Errorf("UTF-8 id: %+v", in)
 	}
 }

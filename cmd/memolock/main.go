@@ -17,20 +17,24 @@
 // cached for --ttl. --redis defaults to $MEMOLOCK_REDIS, then
 // redis://127.0.0.1:6379, for run, inspect and watch alike; --cluster
 // takes a cluster URL, redis://host:port?addr=host2:port2 (seed nodes).
-// Passwords in URLs are never printed.
+// Passwords in URLs are never printed, nor is any argument that may hold
+// one (with "://" or "@") in a usage error: such an argument is redacted
+// as URLs are.
 //
 // inspect prints what Redis holds for one id, without computing, waiting
 // or changing anything: the value's size (never the value, which may be
-// secret) and remaining TTL, whether it is a stale value put back after a
+// secret, and which inspect does not even read: it asks Redis for STRLEN
+// and PTTLs in one read-only script of its own, so a large value costs
+// nothing) and remaining TTL, whether it is a stale value put back after a
 // failed fetch, a cached "not found" and the stale copy kept for failures
 // (Options.NegTTL, StaleTTL), the lock's holder and TTL, and how many
 // processes wait for the value: PUBSUB NUMSUB of T/notif:I and
 // T/lock-event:I, or on a cluster PUBSUB SHARDNUMSUB on the master of the
 // id's slot. Waiters that listen by pattern (original redis-memolock
 // peers, watch without --id) are not counted; watch with --id is. With
-// --hash-ids, the id is hashed as Options.HashIDs hashes it. inspect exits
-// 0 when Redis answered, whatever it holds, 1 when it did not (within
-// 5s), 2 on bad usage. --json prints one object:
+// --hash-ids, the id is hashed as Options.HashIDs hashes it. --id is
+// given once. inspect exits 0 when Redis answered, whatever it holds, 1
+// when it did not (within 5s), 2 on bad usage. --json prints one object:
 //
 //	tag, id              as given
 //	key                  the value key, placed (T:{I} on a cluster) and hashed as the clients do
@@ -47,28 +51,56 @@
 //	value_subscribers    subscribers of T/notif:I
 //	event_subscribers    subscribers of T/lock-event:I
 //	waiters              the larger of the two
+//	tag_base64, id_base64, key_base64, holder_base64
+//	                     the bytes of tag, id, key or holder in base64, present only
+//	                     when they are not valid UTF-8 (JSON strings are, so those
+//	                     fields then have U+FFFD in place of the stray bytes)
 //
 // watch prints the traffic of a tag, one line per event,
 // "<time> <kind> id=<id> ...", until SIGINT or SIGTERM (then it exits 0):
 // value (published, with its size, never its bytes), fail (the holder's
-// token and the first line of its message), abandon, notfound, stale, and
-// takeover (a lock expired without a value: its holder is gone and the
-// next caller takes over), refetch (a stale value's time is up). With
-// --id it watches those ids only (hashed first with --hash-ids). On one server it subscribes to the
-// tag's channels by pattern (to the ids' channels with --id). Nobody
-// publishes takeovers: watch sees them as keyspace events of expired
-// locks, which need notify-keyspace-events with K and x. It checks that
-// once and, if they are off or it cannot tell, says so on stderr with the
-// CONFIG SET an operator could run; it never runs it. On a cluster, values
-// and events travel on sharded channels, which no pattern matches: with
-// --id, watch subscribes to each id's channels on the master of its slot;
-// without, it shows only what keyspace events on every master tell (which
-// needs K, $ and x): values stored ("stored", with their size), "not
-// found" cached, and takeovers. It does not follow slots that move or
-// masters added while it runs. Pub/sub delivers at most once: what is
-// published while a connection is down is missed, and watch says so on
-// stderr. It exits 1 if Redis cannot be reached or refuses the
-// subscription at the start, 2 on bad usage.
+// token and the first line of its message), abandon (the holder gave its
+// lock up or found it lost: waiters look again), notfound, stale, and the
+// ends of locks, below. With --id it watches those ids only (hashed first
+// with --hash-ids; at most 100, an id given twice counting once). On one
+// server it subscribes to the tag's channels by pattern (to the ids'
+// channels with --id).
+//
+// Nobody publishes the end of a lock: watch learns it from keyspace
+// events of lock keys, which need notify-keyspace-events with K, $ and x.
+// When a lock is set, watch reads it at once (GET and PTTL, on a worker,
+// so that the feed never waits) and remembers what it holds: a holder's
+// token, "done:" (lingering after a store) or "stale:" (a stale value put
+// back). When the lock expires it prints "takeover" for a holder's token
+// (the holder is gone without a value; the next caller takes over),
+// "refetch" for a stale value's (its time is up: the next caller fetches
+// again), and nothing for a done lock, however late Redis expires it.
+// When it does not know what the lock held (set before watch started,
+// gone or set again before watch read it, or watch too busy to read it),
+// it prints "expired", which claims no takeover. It forgets a lock that
+// is deleted (with g in the flags), all locks when a connection is
+// replaced, and the locks set longest ago beyond 50000. It checks the
+// keyspace events at the start and after every reconnect and, if they are
+// off or it cannot tell, says so on stderr with the CONFIG SET an operator
+// could run; it never runs it. Pointed without --cluster at a node of a
+// cluster, it says so.
+//
+// On a cluster, values and events travel on sharded channels, which no
+// pattern matches: with --id, watch subscribes to each id's channels on
+// the master of its slot; without, it shows only what keyspace events on
+// every master tell: values set, each read at once with its lock and
+// shown as "stored" with its size, or as "stale" when the lock then holds
+// "stale:" (a stale value put back, which the resurrect script sets just
+// before its lock; a plain SET beside such a lock shows so too); "not
+// found" cached; and the ends of locks, as above. It does not follow slots
+// that move or masters added while it runs. Pub/sub delivers at most once:
+// what is published while a connection is down is missed, and watch says
+// so on stderr. Lines wait for stdout in a queue of 4096, and later ones
+// are dropped while it is full, so that a reader who stops reading never
+// holds watch up: a signal ends it at once (it waits at most 0.5s for the
+// queued lines), and it says on stderr how many lines were not written.
+// It exits 1 if Redis cannot be reached or refuses the subscription at
+// the start, 2 on bad usage.
 package main
 
 import (
@@ -122,7 +154,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return 0
 	}
-	fmt.Fprintf(stderr, "memolock: unknown command %q\n%s", args[0], usage)
+	fmt.Fprintf(stderr, "memolock: unknown command %q\n%s", redactArg(args[0]), usage)
 	return 2
 }
 

@@ -364,3 +364,39 @@ func TestRedact_ClusterAddrUserinfo(t *testing.T) {
 		t.Errorf("plain seed nodes: %q", out)
 	}
 }
+
+// No flag or argument error of any command prints a password, whether the
+// URL comes as a stray argument (--cluster takes none) or as a flag's bad
+// value: the flag package quotes what it cannot parse.
+func TestRun_PasswordNeverPrintedInArgumentErrors(t *testing.T) {
+	const url = "redis://:s3cret@127.0.0.1:1"
+	// Port 1 refuses: nothing here may reach a real server, the default
+	// one least of all.
+	env := []string{"MEMOLOCK_REDIS=redis://127.0.0.1:1"}
+	down := []string{"--redis", "redis://127.0.0.1:1"}
+	for _, args := range [][]string{
+		{"run", "--tag", "t", "--id", "i", "--ttl", "1s", "--cluster", url, "--", "echo"},
+		{"run", "--tag", "t", "--id", "i", "--ttl", "1s", "--cluster", url, "echo"},
+		{"run", "--tag", "t", "--id", "i", "--ttl", "1s", "--cluster=" + url, "--", "echo"},
+		{"run", "--tag", "t", "--id", "i", "--ttl", url, "--", "echo"},
+		{"demo", "--cluster", url},
+		{"demo", "--cluster=" + url},
+		{"demo", "--clients", url},
+		{"inspect", "--tag", "t", "--id", "i", "--cluster", url},
+		{"inspect", "--tag", "t", "--id", "i", "--cluster=" + url},
+		{"inspect", "--tag", "t", "--id", "i", "--json=" + url},
+		{"inspect", "--tag", "t", "--id", "i", "-" + url},
+		{"watch", "--tag", "t", "--cluster", url},
+		{"watch", "--tag", "t", "--cluster=" + url},
+		{"watch", "--tag", "t", "--" + url + "=x"},
+		{url},
+	} {
+		if len(args) > 1 {
+			args = append(append([]string{args[0]}, down...), args[1:]...)
+		}
+		inv := memolockCmd(t, env, args...)
+		if inv.code != 2 || strings.Contains(inv.stdout+inv.stderr, "s3cret") || inv.stderr == "" {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want 2, and an error without the password", args, inv.code, inv.stdout, inv.stderr)
+		}
+	}
+}

@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -59,7 +61,7 @@ var errInterrupted = errors.New("interrupted")
 
 func runCmd(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("memolock run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(flagOutput(stderr, args))
 	// The default is not the flag's default value: the usage text would
 	// print $MEMOLOCK_REDIS, password and all.
 	redisURL := fs.String("redis", "", "Redis URL (default $MEMOLOCK_REDIS, then "+defaultRedisURL+")")
@@ -90,6 +92,11 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	case len(argv) == 0:
 		fmt.Fprintln(stderr, "memolock run: no command given; put it after --")
+		return exitUsage
+	case strings.Contains(argv[0], "://") || mayHoldPassword(argv[0]) && strayBeforeDashes(args, argv):
+		// A URL after --cluster, which takes none, would otherwise run
+		// as the command, and be printed if it failed to start.
+		fmt.Fprintf(stderr, "memolock run: unexpected argument %q before the command; give the URL with --redis, and the command after --\n", redactArg(argv[0]))
 		return exitUsage
 	}
 	if *redisURL == "" {
@@ -174,6 +181,16 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "memolock run: %v (redis %s)\n", err, redact(*redisURL))
 	return exitFailure
+}
+
+// strayBeforeDashes reports whether the flags of args ended at an argument
+// that is not a flag, with a "--" after it: argv, the arguments left, is
+// then not the command.
+func strayBeforeDashes(args, argv []string) bool {
+	if i := len(args) - len(argv) - 1; i >= 0 && args[i] == "--" {
+		return false // the flags ended at "--"
+	}
+	return slices.Contains(argv, "--")
 }
 
 // runGroup runs argv and returns its standard output. If ctx ends (Close)

@@ -24,12 +24,18 @@ import (
 const (
 	// maxWatchIDs bounds --id: on a cluster each id costs a connection.
 	maxWatchIDs = 100
-	// lingerSlack is how soon after a store the lock's expiry is taken for
-	// the lock lingering after it (memolock's linger is at most 1s).
-	lingerSlack = 2 * time.Second
-	// staleMarkAge is how long a stale value put back is remembered, to
-	// tell its lock's expiry from a takeover.
-	staleMarkAge = 10 * time.Minute
+	// maxLocks bounds the locks whose kind watch remembers.
+	maxLocks = 50000
+	// lookupWorkers read locks (and values' sizes) for the feed, from a
+	// queue of lookupQueue reads; when it is full, the feed reads nothing.
+	lookupWorkers = 4
+	lookupQueue   = 1024
+	// outQueue and errQueue are the lines that may wait for stdout and
+	// stderr; flushWait is how long watch waits, when it stops, for them
+	// to be written.
+	outQueue  = 4096
+	errQueue  = 256
+	flushWait = 500 * time.Millisecond
 	// probeEvery is how often each subscription connection is pinged, and
 	// silentAfter how long it may stay silent before watch says so.
 	probeEvery  = 5 * time.Second
@@ -48,46 +54,61 @@ func (l *idList) Set(s string) error {
 }
 
 // watcher prints the traffic of one tag. Its fields are set up by watch
-// and then belong to the goroutine in run; the readers of the
-// subscriptions hand it what they receive.
+// and then belong to the goroutine in run (the feed); the readers of the
+// subscriptions hand it what they receive, and the lookup workers what
+// they read.
 type watcher struct {
 	rdb     redis.UniversalClient
 	keys    memolock.KeyScheme
 	cluster bool
 	ids     map[string]string // wire id -> id as given; nil: every id
-	stdout  io.Writer
-	stderr  io.Writer
-	marks   map[string]mark // wire id -> what came last before its lock expires
-}
-
-// mark is what the feed last saw of an id, to tell the expiry of a lock
-// that lingers after a store, or that served a stale value, from a holder
-// that died.
-type mark struct {
-	stale bool // a stale value was put back; else a value was stored
-	at    time.Time
+	out     *lineQueue        // stdout
+	errs    *lineQueue        // stderr
+	locks   *lockBook
+	lookups chan lookup // to the workers; the feed never waits to send
+	answers chan answer // from the workers
 }
 
 // source is one subscription connection, read by its own goroutine.
 type source struct {
 	ps    *redis.PubSub
-	where string       // the node, or the id of a sharded subscription
-	acks  int          // acknowledgements that confirm the subscription
-	heard atomic.Int64 // when anything last came, in Unix nanoseconds
+	node  *redis.Client // the node of a keyspace subscription; nil for a sharded one
+	where string        // the node, or the id of a sharded subscription
+	acks  int           // acknowledgements that confirm the subscription
+	heard atomic.Int64  // when anything last came, in Unix nanoseconds
 }
 
 // item is what a source's reader hands the feed.
 type item struct {
-	src   *source
-	msg   *redis.Message
-	note  string // for stderr
-	ready bool   // the subscription is confirmed
-	err   error  // the subscription was refused
+	src          *source
+	msg          *redis.Message
+	at           time.Time // when msg came
+	note         string    // for stderr
+	ready        bool      // the subscription is confirmed
+	resubscribed bool      // go-redis subscribed again on a new connection
+	err          error     // the subscription was refused
+}
+
+// lookup asks a worker to read the lock of wire after a keyspace "set"
+// event: of the lock (gen is then the lock's generation in the lockBook),
+// or of the value (its size is read too).
+type lookup struct {
+	wire  string
+	gen   uint64
+	value bool
+}
+
+// answer is what a worker read for a lookup.
+type answer struct {
+	lookup
+	lock reading
+	size int64 // the value's, for a value lookup
+	err  error
 }
 
 func watch(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("memolock watch", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(flagOutput(stderr, args))
 	redisURL := fs.String("redis", "", "Redis URL (default $MEMOLOCK_REDIS, then "+defaultRedisURL+")")
 	cluster := fs.Bool("cluster", false, "--redis is a Redis Cluster: redis://host:port?addr=host2:port2&addr=... (seed nodes)")
 	tag := fs.String("tag", "", "key tag (required)")
@@ -102,10 +123,7 @@ func watch(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "memolock watch: --tag is required")
 		return exitUsage
 	case fs.NArg() > 0:
-		fmt.Fprintf(stderr, "memolock watch: unexpected argument %q; give ids with --id\n", fs.Arg(0))
-		return exitUsage
-	case len(ids) > maxWatchIDs:
-		fmt.Fprintf(stderr, "memolock watch: %d ids given; watch at most %d at a time, or none to watch them all\n", len(ids), maxWatchIDs)
+		fmt.Fprintf(stderr, "memolock watch: unexpected argument %q; give ids with --id (--cluster takes no value)\n", redactArg(fs.Arg(0)))
 		return exitUsage
 	}
 	keys, err := memolock.NewKeyScheme(*tag)
@@ -117,7 +135,8 @@ func watch(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "memolock watch: tag %q contains a brace; on a cluster the id's braces must be the first in every key\n", *tag)
 		return exitUsage
 	}
-	w := &watcher{keys: keys, cluster: *cluster, stdout: stdout, stderr: stderr, marks: map[string]mark{}}
+	w := &watcher{keys: keys, cluster: *cluster, locks: newLockBook(maxLocks),
+		lookups: make(chan lookup, lookupQueue), answers: make(chan answer)}
 	if len(ids) > 0 {
 		w.ids = map[string]string{}
 	}
@@ -135,6 +154,10 @@ func watch(args []string, stdout, stderr io.Writer) int {
 		}
 		w.ids[wire] = id
 	}
+	if len(w.ids) > maxWatchIDs {
+		fmt.Fprintf(stderr, "memolock watch: %d ids given; watch at most %d at a time, or none to watch them all\n", len(w.ids), maxWatchIDs)
+		return exitUsage
+	}
 	url := redisURLOrDefault(*redisURL)
 	w.rdb, err = openRedis(url, *cluster)
 	if err != nil {
@@ -143,9 +166,18 @@ func watch(args []string, stdout, stderr io.Writer) int {
 	}
 	defer w.rdb.Close()
 
+	// From here on nothing writes to stdout or stderr but the queues, so
+	// that a reader who stops reading cannot keep a signal from ending
+	// watch.
+	w.out, w.errs = newLineQueue(stdout, outQueue), newLineQueue(stderr, errQueue)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return w.run(ctx, redact(url))
+	code := w.run(ctx, redact(url))
+	if lost := w.out.close(time.Now().Add(flushWait)); lost > 0 {
+		w.errf("%d lines of the feed were not written: its output was not read fast enough", lost)
+	}
+	w.errs.close(time.Now().Add(flushWait))
+	return code
 }
 
 // run checks the server, subscribes, and prints the feed until ctx ends.
@@ -157,16 +189,19 @@ func (w *watcher) run(ctx context.Context, where string) int {
 		return 0
 	}
 	if err != nil {
-		fmt.Fprintf(w.stderr, "memolock watch: %v (redis %s)%s\n", err, where, timedOut(err))
+		w.errf("%v (redis %s)%s", err, where, timedOut(err))
 		return exitFailure
+	}
+	if !w.cluster {
+		w.clusterHint(setup, nodes[0])
 	}
 	w.checkKeyspaceEvents(setup, nodes)
 	if w.cluster && w.ids == nil {
-		fmt.Fprintln(w.stderr, `memolock watch: on a cluster, values and holder events (fail, abandon, notfound, stale) travel on sharded channels, which no pattern can match: this feed shows values stored, "not found" cached and lock expiries from keyspace events; pass --id to see everything about given ids`)
+		w.errf(`on a cluster, values and holder events (fail, abandon, notfound, stale) travel on sharded channels, which no pattern can match: this feed shows values stored (or stale values put back), "not found" cached and lock expiries from keyspace events; pass --id to see everything about given ids`)
 	}
 
-	// The readers and probes end with rctx; each reader's PubSub is closed
-	// to unblock it.
+	// The readers, probes, workers and checks end with rctx; each reader's
+	// PubSub is closed to unblock it.
 	rctx, cancel := context.WithCancel(ctx)
 	var (
 		sources []*source
@@ -184,7 +219,7 @@ func (w *watcher) run(ctx context.Context, where string) int {
 		return 0
 	}
 	if err != nil {
-		fmt.Fprintf(w.stderr, "memolock watch: subscribing: %v (redis %s)%s\n", err, where, timedOut(err))
+		w.errf("subscribing: %v (redis %s)%s", err, where, timedOut(err))
 		return exitFailure
 	}
 	items := make(chan item)
@@ -198,6 +233,13 @@ func (w *watcher) run(ctx context.Context, where string) int {
 		go func() {
 			defer wg.Done()
 			probe(rctx, s, items)
+		}()
+	}
+	for range lookupWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.lookupLoop(rctx)
 		}()
 	}
 
@@ -216,22 +258,40 @@ func (w *watcher) run(ctx context.Context, where string) int {
 					late = append(late, s.where)
 				}
 			}
-			fmt.Fprintf(w.stderr, "memolock watch: no subscription confirmed within %v by %s (redis %s)\n", callTimeout, strings.Join(late, ", "), where)
+			w.errf("no subscription confirmed within %v by %s (redis %s)", callTimeout, strings.Join(late, ", "), where)
 			return exitFailure
+		case a := <-w.answers:
+			w.answered(a)
 		case it := <-items:
 			switch {
 			case it.err != nil:
-				fmt.Fprintf(w.stderr, "memolock watch: %s refused the subscription: %v (redis %s)\n", it.src.where, it.err, where)
+				w.errf("%s refused the subscription: %v (redis %s)", it.src.where, it.err, where)
 				return exitFailure
 			case it.ready:
 				if confirmed[it.src] = true; len(confirmed) == len(sources) {
 					deadline = nil
-					fmt.Fprintf(w.stderr, "memolock watch: watching tag %s on %s; Ctrl-C stops\n", show(w.keys.Tag()), where)
+					w.errf("watching tag %s on %s; Ctrl-C stops", show(w.keys.Tag()), where)
+				}
+			case it.resubscribed:
+				w.errf("%s", it.note)
+				// Keyspace events may have been missed, and a server
+				// that restarted may have them off.
+				for _, wire := range w.locks.reset() {
+					w.expiry(wire, lockUnknown)
+				}
+				if node := it.src.node; node != nil {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						check, cancel := context.WithTimeout(rctx, callTimeout)
+						defer cancel()
+						w.checkKeyspaceEvents(check, []*redis.Client{node})
+					}()
 				}
 			case it.note != "":
-				fmt.Fprintf(w.stderr, "memolock watch: %s\n", it.note)
+				w.errf("%s", it.note)
 			default:
-				w.report(ctx, it.msg)
+				w.report(it.msg, it.at)
 			}
 		}
 	}
@@ -267,15 +327,29 @@ func (w *watcher) nodes(ctx context.Context) ([]*redis.Client, error) {
 	return nodes, nil
 }
 
-// checkKeyspaceEvents says on stderr, once, what the feed cannot show
-// because the nodes' notify-keyspace-events lack what it needs, and the
-// CONFIG SET that would turn them on (keeping the flags already set). It
-// never changes them.
-func (w *watcher) checkKeyspaceEvents(ctx context.Context, nodes []*redis.Client) {
-	need := "Kx" // expired lock keys: takeovers
-	if w.cluster && w.ids == nil {
-		need = "Kx$" // and value keys set: values stored
+// clusterHint says on stderr if node, given without --cluster, is a
+// cluster node: the clients of a cluster spread keys over every master and
+// publish on sharded channels, which this feed would not see.
+func (w *watcher) clusterHint(ctx context.Context, node *redis.Client) {
+	var info string
+	err := within(ctx, func(ctx context.Context) error {
+		var err error
+		info, err = node.Info(ctx, "cluster").Result()
+		return err
+	})
+	if err == nil && strings.Contains(info, "cluster_enabled:1") {
+		w.errf("%s is a Redis Cluster node: pass --cluster (the clients of a cluster spread keys over every master, and publish on sharded channels, which this feed does not see without it)", node.Options().Addr)
 	}
+}
+
+// checkKeyspaceEvents says on stderr what the feed cannot show because
+// the nodes' notify-keyspace-events lack what it needs, and the CONFIG SET
+// that would turn them on (keeping the flags already set). It never
+// changes them. watch checks at the start and after every reconnect.
+func (w *watcher) checkKeyspaceEvents(ctx context.Context, nodes []*redis.Client) {
+	// Locks set ($) and expired (x): what a lock held, and when it ends.
+	// On a cluster without --id, values set ($) too.
+	const need = "K$x"
 	var (
 		refused []string
 		reason  error
@@ -305,17 +379,17 @@ func (w *watcher) checkKeyspaceEvents(ctx context.Context, nodes []*redis.Client
 		}
 	}
 	if len(refused) > 0 {
-		fmt.Fprintf(w.stderr, "memolock watch: could not check notify-keyspace-events on %s (%v): takeovers show only if it has the flags K and x\n",
+		w.errf("could not check notify-keyspace-events on %s (%v): takeovers show only if it has the flags K, $ and x",
 			strings.Join(refused, ", "), reason)
 	}
 	if len(lacking) == 0 {
 		return
 	}
 	var lost []string
-	if strings.ContainsAny(missing, "Kx") {
+	if strings.ContainsAny(missing, "K$x") {
 		lost = append(lost, "takeovers (locks that expire)")
 	}
-	if strings.ContainsAny(missing, "K$") && need == "Kx$" {
+	if strings.ContainsAny(missing, "K$") && w.cluster && w.ids == nil {
 		lost = append(lost, `values stored and "not found" cached`)
 	}
 	var sets []string
@@ -334,7 +408,7 @@ func (w *watcher) checkKeyspaceEvents(ctx context.Context, nodes []*redis.Client
 	if w.cluster {
 		what = "notify-keyspace-events lacks " + missing
 	}
-	fmt.Fprintf(w.stderr, "memolock watch: the keyspace events this feed needs are off (%s), so %s will not be shown; an operator can turn them on with: %s\n",
+	w.errf("the keyspace events this feed needs are off (%s), so %s will not be shown; an operator can turn them on with: %s",
 		what, strings.Join(lost, " and "), strings.Join(sets, "; "))
 }
 
@@ -366,7 +440,7 @@ func (w *watcher) subscribe(ctx context.Context, nodes []*redis.Client) ([]*sour
 	if !w.cluster {
 		n := nodes[0]
 		space := fmt.Sprintf("__keyspace@%d__:", n.Options().DB)
-		s := &source{ps: n.Subscribe(ctx), where: n.Options().Addr}
+		s := &source{ps: n.Subscribe(ctx), node: n, where: n.Options().Addr}
 		if w.ids == nil {
 			patterns := []string{esc + "/notif:*", esc + "/lock-event:*", space + esc + "/lock:*"}
 			s.acks = len(patterns)
@@ -394,7 +468,7 @@ func (w *watcher) subscribe(ctx context.Context, nodes []*redis.Client) ([]*sour
 			patterns = append(patterns, "__keyspace@0__:"+esc+":*", "__keyspace@0__:"+esc+"/lock-notfound:*")
 		}
 		for _, n := range nodes {
-			s := &source{ps: n.Subscribe(ctx), where: n.Options().Addr, acks: len(patterns)}
+			s := &source{ps: n.Subscribe(ctx), node: n, where: n.Options().Addr, acks: len(patterns)}
 			sources = append(sources, s)
 			subs = append(subs, func(ctx context.Context) error { return s.ps.PSubscribe(ctx, patterns...) })
 		}
@@ -478,12 +552,12 @@ func read(ctx context.Context, s *source, items chan<- item) {
 				// go-redis subscribed again on a new connection, perhaps
 				// without an error in sight.
 				lost = false
-				if !send(item{note: fmt.Sprintf("subscribed again on %s; whatever was published in the gap was missed", s.where)}) {
+				if !send(item{resubscribed: true, note: fmt.Sprintf("subscribed again on %s; whatever was published in the gap was missed", s.where)}) {
 					return
 				}
 			}
 		case *redis.Message:
-			if !send(item{msg: m}) {
+			if !send(item{msg: m, at: time.Now()}) {
 				return
 			}
 		}
@@ -523,17 +597,13 @@ func probe(ctx context.Context, s *source, items chan<- item) {
 	}
 }
 
-// report prints one message of the feed.
-func (w *watcher) report(ctx context.Context, m *redis.Message) {
-	if ctx.Err() != nil {
-		return // stopping
-	}
+// report prints one message of the feed, which came at.
+func (w *watcher) report(m *redis.Message, at time.Time) {
 	if key, ok := keyspaceKey(m.Channel); ok {
-		w.keyspace(ctx, key, m.Payload)
+		w.keyspace(key, m.Payload, at)
 		return
 	}
 	if wire, ok := strings.CutPrefix(m.Channel, w.keys.Notif("")); ok && w.wanted(wire) {
-		w.mark(wire, false)
 		w.line("value", wire, fmt.Sprintf("size=%d published", len(m.Payload)))
 		return
 	}
@@ -547,22 +617,37 @@ func (w *watcher) report(ctx context.Context, m *redis.Message) {
 	case "fail":
 		w.line("fail", wire, holder+" message="+strconv.Quote(msg))
 	case "abandon":
-		w.line("abandon", wire, holder+": the lock is gone without a value; waiters look again")
+		w.line("abandon", wire, holder+": the lock is gone (given up or found lost); waiters look again")
 	case "notfound":
 		w.line("notfound", wire, holder+": fetch found nothing")
 	case "stale":
-		w.mark(wire, true)
 		w.line("stale", wire, holder+": fetch failed; a stale value is served")
 	default:
 		w.line("event", wire, "kind="+show(kind)+" "+holder)
 	}
 }
 
-// keyspace prints a keyspace event of key.
-func (w *watcher) keyspace(ctx context.Context, key, event string) {
+// keyspace handles a keyspace event of key, which came at.
+func (w *watcher) keyspace(key, event string, at time.Time) {
 	if wire, ok := strings.CutPrefix(key, w.keys.Lock("")); ok {
-		if event == "expired" && w.wanted(wire) {
-			w.lockExpired(ctx, wire)
+		if !w.wanted(wire) {
+			return
+		}
+		switch event {
+		case "set":
+			gen, undecided := w.locks.set(wire)
+			if undecided {
+				w.expiry(wire, lockUnknown)
+			}
+			if !w.ask(lookup{wire: wire, gen: gen}) {
+				w.answered(answer{lookup: lookup{wire: wire, gen: gen}})
+			}
+		case "del":
+			w.locks.forget(wire)
+		case "expired":
+			if kind, ok := w.locks.expire(wire, at); ok {
+				w.expiry(wire, kind)
+			}
 		}
 		return
 	}
@@ -573,45 +658,110 @@ func (w *watcher) keyspace(ctx context.Context, key, event string) {
 		return
 	}
 	if wire, ok := strings.CutPrefix(key, w.keys.Value("")); ok && event == "set" && w.wanted(wire) {
-		w.mark(wire, false)
-		size := "size=?"
-		var n int64
-		if err := w.call(ctx, func(ctx context.Context) (err error) {
-			n, err = w.rdb.StrLen(ctx, key).Result()
-			return err
-		}); err == nil {
-			size = fmt.Sprintf("size=%d", n)
+		if l := (lookup{wire: wire, value: true}); !w.ask(l) {
+			w.answered(answer{lookup: l, err: errors.New("too busy to read it")})
 		}
-		w.line("stored", wire, size)
 	}
 }
 
-// lockExpired tells a takeover (the holder died, the next caller takes
-// the lock) from the end of a lock that lingered after a store, or that
-// served a stale value.
-func (w *watcher) lockExpired(ctx context.Context, wire string) {
-	m, had := w.marks[wire]
-	delete(w.marks, wire)
-	if had && m.stale && time.Since(m.at) < staleMarkAge {
-		w.line("refetch", wire, "the stale value's time is up: the next caller fetches again")
+// ask queues l for a worker, unless the queue is full.
+func (w *watcher) ask(l lookup) bool {
+	select {
+	case w.lookups <- l:
+		return true
+	default:
+		return false
+	}
+}
+
+// answered prints what a lookup found: a value set, stored or put back
+// stale; or the expiry of a lock that waited for the read.
+func (w *watcher) answered(a answer) {
+	if !a.value {
+		if kind, ok := w.locks.answer(a.wire, a.gen, a.lock); ok {
+			w.expiry(a.wire, kind)
+		}
 		return
 	}
-	if had && !m.stale && time.Since(m.at) < lingerSlack {
-		return
-	}
-	// A lock beside a value lingered after a store (an original peer's
-	// lingers until its TTL): nobody takes over.
-	var n int64
-	err := w.call(ctx, func(ctx context.Context) (err error) {
-		n, err = w.rdb.Exists(ctx, w.keys.Value(wire)).Result()
-		return err
-	})
 	switch {
-	case err != nil:
-		w.line("takeover", wire, fmt.Sprintf("lock expired: holder gone, next caller takes over (unless a value is there: checking failed: %v)", err))
-	case n == 0:
-		w.line("takeover", wire, "lock expired: holder gone, next caller takes over")
+	case a.err != nil:
+		w.line("set", a.wire, fmt.Sprintf("a value was set; watch could not read whether it is stored or a stale one put back (%v)", a.err))
+	case a.lock.kind == lockStale:
+		// The resurrect script sets the value, then the lock; both are
+		// there when the read comes.
+		w.line("stale", a.wire, fmt.Sprintf("size=%d: a stale value put back after a failed fetch, served until its lock expires", a.size))
+	default:
+		w.line("stored", a.wire, fmt.Sprintf("size=%d", a.size))
 	}
+}
+
+// expiry prints the end of the lock of wire, which held kind.
+func (w *watcher) expiry(wire string, kind lockKind) {
+	switch kind {
+	case lockHeld:
+		w.line("takeover", wire, "lock expired: holder gone, next caller takes over")
+	case lockStale:
+		w.line("refetch", wire, "the stale value's time is up: the next caller fetches again")
+	case lockUnknown:
+		w.line("expired", wire, "lock expired; watch did not read what it held (set before watch started, or gone when read), so it cannot tell a takeover")
+	}
+}
+
+// lookupLoop reads what the feed asks, until ctx ends.
+func (w *watcher) lookupLoop(ctx context.Context) {
+	for {
+		var l lookup
+		select {
+		case <-ctx.Done():
+			return
+		case l = <-w.lookups:
+		}
+		a := w.look(ctx, l)
+		select {
+		case w.answers <- a:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// look reads the lock of l.wire, with its PTTL, and the value's size for
+// a value lookup, in one transaction.
+func (w *watcher) look(ctx context.Context, l lookup) answer {
+	a := answer{lookup: l, lock: reading{sent: time.Now(), pttl: -1}}
+	// Filled by the call, and read only if it returned in time.
+	var got answer
+	a.err = w.call(ctx, func(ctx context.Context) error {
+		var (
+			size *redis.IntCmd
+			get  *redis.StringCmd
+			pttl *redis.DurationCmd
+		)
+		_, err := w.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			if l.value {
+				size = p.StrLen(ctx, w.keys.Value(l.wire))
+			}
+			get, pttl = p.Get(ctx, w.keys.Lock(l.wire)), p.PTTL(ctx, w.keys.Lock(l.wire))
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+		if size != nil {
+			got.size = size.Val()
+		}
+		if get.Err() == nil { // else no lock: its kind stays unknown
+			got.lock = reading{kind: kindOf(get.Val()), pttl: pttl.Val()}
+		}
+		return nil
+	})
+	if a.err == nil {
+		a.size = got.size
+		if got.lock.kind != lockUnknown {
+			a.lock.kind, a.lock.pttl = got.lock.kind, got.lock.pttl
+		}
+	}
+	return a
 }
 
 // call runs one command of the feed, bounded to a second.
@@ -619,21 +769,6 @@ func (w *watcher) call(ctx context.Context, fn func(context.Context) error) erro
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	return within(ctx, fn)
-}
-
-// mark remembers that a value of wire was stored, or a stale one put back.
-func (w *watcher) mark(wire string, stale bool) {
-	if len(w.marks) >= 10000 {
-		for k, m := range w.marks {
-			if age := time.Since(m.at); age > staleMarkAge || !m.stale && age > lingerSlack {
-				delete(w.marks, k)
-			}
-		}
-		if len(w.marks) >= 10000 {
-			clear(w.marks)
-		}
-	}
-	w.marks[wire] = mark{stale: stale, at: time.Now()}
 }
 
 // wanted reports whether the feed shows wire: one of --id, or any id
@@ -656,7 +791,57 @@ func (w *watcher) line(kind, wire, rest string) {
 			id = wire[1 : len(wire)-1]
 		}
 	}
-	fmt.Fprintf(w.stdout, "%s %-8s id=%s %s\n", time.Now().Format(stampLayout), kind, show(id), rest)
+	w.out.print(fmt.Sprintf("%s %-8s id=%s %s\n", time.Now().Format(stampLayout), kind, show(id), rest))
+}
+
+// errf prints a line on stderr.
+func (w *watcher) errf(format string, args ...any) {
+	w.errs.print("memolock watch: " + fmt.Sprintf(format, args...) + "\n")
+}
+
+// lineQueue writes lines to w from its own goroutine, so that a reader
+// who stops reading blocks neither the feed nor the end of watch on a
+// signal: the lines that do not fit in the queue are dropped.
+type lineQueue struct {
+	lines   chan string
+	printed atomic.Int64 // lines handed to print
+	written atomic.Int64 // lines written
+	done    chan struct{}
+}
+
+func newLineQueue(w io.Writer, size int) *lineQueue {
+	q := &lineQueue{lines: make(chan string, size), done: make(chan struct{})}
+	go func() {
+		defer close(q.done)
+		for line := range q.lines {
+			if _, err := io.WriteString(w, line); err == nil {
+				q.written.Add(1)
+			}
+		}
+	}()
+	return q
+}
+
+// print queues line, or drops it if the queue is full. Not after close.
+func (q *lineQueue) print(line string) {
+	q.printed.Add(1)
+	select {
+	case q.lines <- line:
+	default:
+	}
+}
+
+// close waits until the queued lines are written or deadline passes, and
+// returns how many lines were not written.
+func (q *lineQueue) close(deadline time.Time) int64 {
+	close(q.lines)
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-q.done:
+	case <-t.C:
+	}
+	return q.printed.Load() - q.written.Load()
 }
 
 // keyspaceKey returns the key of a keyspace notification's channel,
