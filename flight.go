@@ -77,6 +77,11 @@ type group struct {
 	gets      int64                // counted under mu, which every call takes anyway
 	coalesced int64
 	stale     *atomic.Int64 // Stats.Stale, for callers that give up and get a stale copy
+	// calls, if set, counts every caller's answer: those still joined
+	// when a flight finishes at once, in finish (a thousand callers woken
+	// together must not contend on one counter), and those that leave
+	// early in await.
+	calls *counters
 }
 
 // join adds a caller to the flight for key, making one with mk if none is
@@ -135,22 +140,41 @@ func (g *group) await(ctx context.Context, f *flight) ([]byte, Served, error) {
 	case <-f.done:
 		return f.val, f.served, f.err
 	case <-cancelled:
-		g.leave(f)
+		if !g.leave(f) {
+			// Finished meanwhile, and counted with this caller.
+			<-f.done
+			return f.val, f.served, f.err
+		}
 		if s := f.stale.Load(); s != nil {
 			if g.stale != nil {
 				g.stale.Add(1)
 			}
+			g.count(ServedStale, nil, 1)
 			return *s, ServedStale, nil
 		}
-		return nil, 0, fmt.Errorf("%w: %w", ErrTimeout, ctx.Err())
+		err := fmt.Errorf("%w: %w", ErrTimeout, ctx.Err())
+		g.count(0, err, 1)
+		return nil, 0, err
+	}
+}
+
+// count counts n callers' answer, if the group counts them.
+func (g *group) count(served Served, err error, n int) {
+	if g.calls != nil && n > 0 {
+		served, o := outcomeOf(served, err)
+		g.calls.calls[served][o].Add(int64(n))
 	}
 }
 
 // leave drops one caller. A flight that is looking and has no caller left
-// is abandoned: new callers start a new one.
-func (g *group) leave(f *flight) {
+// is abandoned: new callers start a new one. It reports false if the
+// flight finished first: the caller then takes its answer.
+func (g *group) leave(f *flight) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if f.state == finished {
+		return false
+	}
 	f.refs--
 	if f.refs == 0 && f.state == looking {
 		f.state = abandoned
@@ -159,6 +183,7 @@ func (g *group) leave(f *flight) {
 			f.stop()
 		}
 	}
+	return true
 }
 
 // hold moves f to holding, and adds one to callbacks for the user function
@@ -199,8 +224,10 @@ func (g *group) finish(f *flight, val []byte, err error, served Served) bool {
 	}
 	f.state = finished
 	g.drop(f)
+	callers := f.refs
 	g.mu.Unlock()
 	f.val, f.err, f.served = val, err, served
+	g.count(served, err, callers)
 	close(f.done)
 	return true
 }

@@ -111,14 +111,14 @@ func (c *Client) GetMany(ctx context.Context, ids []string, fetch FetchIDFunc, o
 	for i, id := range distinct {
 		answers[i].ID = id
 	}
-	counted := make([]bool, len(answers)) // by the Get path
+	counted := make([]bool, len(answers)) // by their flights, or get
 	if missing := c.readHits(ctx, answers); len(missing) > 0 {
+		for _, i := range missing {
+			counted[i] = true
+		}
 		if opts.Batch != nil {
 			c.batchMisses(ctx, answers, missing, opts.Batch)
 		} else {
-			for _, i := range missing {
-				counted[i] = true
-			}
 			limit := opts.Concurrency
 			if limit == 0 {
 				limit = DefaultManyConcurrency
@@ -339,9 +339,7 @@ func (c *Client) fetchMisses(ctx context.Context, items []Item, missing []int, f
 				if f != nil {
 					val, served, err = c.flights.await(ctx, f)
 				}
-				if !cl.t0.IsZero() {
-					c.end(cl, served, err) // else get counted it
-				}
+				c.observe(cl, served, err) // get or the flight counted it
 				it.Value, it.Served, it.Err = val, served, err
 				if err != nil && !errors.Is(err, ErrNotFound) {
 					it.Value, it.Served = nil, 0

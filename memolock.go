@@ -358,6 +358,7 @@ func New(rdb redis.UniversalClient, tag string, opts *Options) (*Client, error) 
 	}
 	c.proto = protocol{rdb: rdb, keys: keys, sc: sc, batch: c.batch, stale: c.staleTTL, early: c.early}
 	c.flights.stale = &c.stats.stale
+	c.flights.calls = &c.stats
 	c.spanOpts = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(c.tagAttr)}
 	c.fetchSpanOpts = []trace.SpanStartOption{trace.WithAttributes(c.tagAttr)}
 	// Last: the callback it registers reads the client, which must be
@@ -456,13 +457,13 @@ func (c *Client) GetExternal(ctx context.Context, id string, start StartFunc) ([
 func (c *Client) do(ctx context.Context, id string, fetch FetchFunc, start StartFunc) ([]byte, Served, error) {
 	var cl call
 	f, val, served, err := c.get(ctx, id, fetch, start, &cl)
-	if cl.t0.IsZero() {
+	if !cl.begun {
 		return val, served, err // answered (and counted) before Redis
 	}
 	if f != nil {
 		val, served, err = c.flights.await(ctx, f)
 	}
-	c.end(cl, served, err)
+	c.observe(cl, served, err) // the flight counted the answer
 	return val, served, err
 }
 
@@ -502,6 +503,7 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 		return f
 	}, &c.wg)
 	if err != nil {
+		c.stats.count(0, err)
 		return nil, nil, 0, err
 	}
 	if !leader {

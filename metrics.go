@@ -21,11 +21,16 @@ const scope = "github.com/memolock/memolock"
 type meters struct {
 	fetchDur, waitDur, getDur metric.Float64Histogram
 
-	tag      metric.MeasurementOption                        // the tag, on every measurement
-	calls    [servedKinds][outcomes]metric.MeasurementOption // tag, served and result
-	results  [outcomes]metric.MeasurementOption              // tag and result
-	reg      metric.Registration
-	disabled bool // a meter that failed to make its instruments records nothing
+	tag     metric.MeasurementOption                        // the tag, on every measurement
+	calls   [servedKinds][outcomes]metric.MeasurementOption // tag, served and result
+	results [outcomes]metric.MeasurementOption              // tag and result
+	// The same as slices for Record, which takes them variadic: passing
+	// one option would allocate a slice per measurement.
+	tagRec     []metric.RecordOption
+	callsRec   [servedKinds][outcomes][]metric.RecordOption
+	resultsRec [outcomes][]metric.RecordOption
+	reg        metric.Registration
+	disabled   bool // a meter that failed to make its instruments records nothing
 }
 
 // servedLabel names a Served value in metrics and spans.
@@ -52,7 +57,12 @@ func newMeters(mp metric.MeterProvider, tag string, c *Client) (*meters, error) 
 	}
 	for o := range outcomes {
 		ms.results[o] = metric.WithAttributeSet(attribute.NewSet(tagAttr, attribute.String("memolock.result", outcomeLabels[o])))
+		ms.resultsRec[o] = []metric.RecordOption{ms.results[o]}
+		for s := range servedKinds {
+			ms.callsRec[s][o] = []metric.RecordOption{ms.calls[s][o]}
+		}
 	}
+	ms.tagRec = []metric.RecordOption{ms.tag}
 
 	var err error
 	seconds := func(name, desc string) metric.Float64Histogram {
@@ -147,7 +157,7 @@ func newMeters(mp metric.MeterProvider, tag string, c *Client) (*meters, error) 
 // fetched records how long a fetch ran.
 func (m *meters) fetched(ctx context.Context, d time.Duration) {
 	if !m.disabled {
-		m.fetchDur.Record(ctx, d.Seconds(), m.tag)
+		m.fetchDur.Record(ctx, d.Seconds(), m.tagRec...)
 	}
 }
 
@@ -155,7 +165,7 @@ func (m *meters) fetched(ctx context.Context, d time.Duration) {
 // got: none when it took the lock over.
 func (m *meters) waited(ctx context.Context, d time.Duration, o outcome) {
 	if !m.disabled {
-		m.waitDur.Record(ctx, d.Seconds(), m.results[o])
+		m.waitDur.Record(ctx, d.Seconds(), m.resultsRec[o]...)
 	}
 }
 
@@ -163,8 +173,13 @@ func (m *meters) waited(ctx context.Context, d time.Duration, o outcome) {
 func (m *meters) got(ctx context.Context, d time.Duration, served Served, err error) {
 	if !m.disabled {
 		served, o := outcomeOf(served, err)
-		m.getDur.Record(ctx, d.Seconds(), m.calls[served][o])
+		m.getDur.Record(ctx, d.Seconds(), m.callsRec[served][o]...)
 	}
+}
+
+// timing reports whether Get durations are recorded: not without an SDK.
+func (m *meters) timing(ctx context.Context) bool {
+	return !m.disabled && m.getDur.Enabled(ctx)
 }
 
 // close stops the callback, so that a closed Client is no longer observed.

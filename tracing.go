@@ -28,24 +28,31 @@ import (
 // the L1, and its span. The zero call was answered before that (an L1 hit
 // or bad input) and is only counted.
 type call struct {
-	ctx  context.Context
-	t0   time.Time
-	span trace.Span
+	begun bool
+	ctx   context.Context
+	t0    time.Time  // zero when nothing records Get durations
+	span  trace.Span // nil when the call is not traced
 }
 
 // begin starts observing a call that missed the L1.
 func (c *Client) begin(ctx context.Context, id string) call {
-	cl := call{t0: time.Now()}
-	cl.ctx, cl.span = c.tracer.Start(ctx, "memolock.Get", c.spanOpts...)
-	if cl.span.IsRecording() {
-		cl.span.SetAttributes(attribute.String("memolock.id", id))
+	// Without an SDK (the global providers' default), a call records
+	// nothing: a thousand callers woken at once must not each pay for
+	// reading the clock and ending a span that nobody records.
+	cl := call{begun: true, ctx: ctx}
+	if c.meters.timing(ctx) {
+		cl.t0 = time.Now()
+	}
+	if sctx, span := c.tracer.Start(ctx, "memolock.Get", c.spanOpts...); span.IsRecording() {
+		span.SetAttributes(attribute.String("memolock.id", id))
+		cl.ctx, cl.span = sctx, span
 	}
 	return cl
 }
 
 // joined marks a call that joined a flight another caller leads.
 func (cl call) joined(f *flight) {
-	if cl.span != nil && cl.span.IsRecording() {
+	if cl.span != nil {
 		cl.span.SetAttributes(attribute.Bool("memolock.coalesced", true))
 		if f.span != nil {
 			cl.span.AddLink(trace.Link{SpanContext: f.span.SpanContext(),
@@ -54,25 +61,19 @@ func (cl call) joined(f *flight) {
 	}
 }
 
-// end counts a call's answer, and records and ends what begin started.
-func (c *Client) end(cl call, served Served, err error) {
-	c.stats.count(served, err)
-	c.observe(cl, served, err)
-}
-
 // observe records and ends what begin started.
 func (c *Client) observe(cl call, served Served, err error) {
-	if cl.t0.IsZero() {
+	if !cl.t0.IsZero() {
+		c.meters.got(cl.ctx, time.Since(cl.t0), served, err)
+	}
+	if cl.span == nil {
 		return
 	}
-	c.meters.got(cl.ctx, time.Since(cl.t0), served, err)
-	if cl.span.IsRecording() {
-		s, o := outcomeOf(served, err)
-		cl.span.SetAttributes(attribute.String("memolock.served", servedLabel(s)),
-			attribute.String("memolock.result", outcomeLabels[o]))
-		if o == gotError {
-			cl.span.SetStatus(codes.Error, firstLine(err.Error()))
-		}
+	s, o := outcomeOf(served, err)
+	cl.span.SetAttributes(attribute.String("memolock.served", servedLabel(s)),
+		attribute.String("memolock.result", outcomeLabels[o]))
+	if o == gotError {
+		cl.span.SetStatus(codes.Error, firstLine(err.Error()))
 	}
 	cl.span.End()
 }
