@@ -389,8 +389,12 @@ func (c *Client) startMember(ctx context.Context, id string, col *collector) (*f
 	f, leader, err := c.flights.join(key, func() *flight {
 		return &flight{id: id, key: key, token: newToken(), fetch: m.fetch, done: make(chan struct{}), batched: true}
 	}, &c.wg)
-	if err != nil || !leader {
-		return f, err
+	if err != nil {
+		c.stats.count(0, err) // no flight to count it
+		return nil, err
+	}
+	if !leader {
+		return f, nil
 	}
 	col.add()
 	c.flights.launch(f, ctx)

@@ -530,18 +530,21 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 			served = ServedStale
 			c.stats.stale.Add(1)
 		}
-		c.flights.finish(f, a.r.value, nil, served)
+		mine := c.flights.finish(f, a.r.value, nil, served)
 		f.endClaim()
 		if a.r.kind == replyRefresh {
 			c.refresh(f, ctx)
 		}
-		if c.l1 != nil && f.l1.ok && served == ServedRedis && a.r.kind == replyHit {
+		if mine && c.l1 != nil && f.l1.ok && served == ServedRedis && a.r.kind == replyHit {
 			go func() {
 				defer c.wg.Done() // the flight's, kept for this
 				c.promoteFromRedis(key, a.r.value, f.l1)
 			}()
 		} else {
 			c.wg.Done()
+		}
+		if !mine {
+			return f, nil, 0, nil // Close finished it first: its answer, as counted
 		}
 		return nil, a.r.value, served, nil
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -884,5 +885,130 @@ func TestMetrics_BatchPanicCountsAsPanic(t *testing.T) {
 	}
 	if s := c.Stats(); s.FetchPanics != 2 || s.FetchErrors != 2 {
 		t.Errorf("Stats: %d panics, %d errors; want 2 and 2", s.FetchPanics, s.FetchErrors)
+	}
+}
+
+// totalCalls is every answer c counted.
+func totalCalls(c *Client) int64 {
+	var n int64
+	for s := range servedKinds {
+		for o := range outcomes {
+			n += c.stats.calls[s][o].Load()
+		}
+	}
+	return n
+}
+
+// closeOnMGET closes the memolock client while GetMany's MGET is out.
+type closeOnMGET struct {
+	c    atomic.Pointer[Client]
+	once sync.Once
+}
+
+func (h *closeOnMGET) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *closeOnMGET) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "mget" {
+			h.once.Do(func() {
+				c := h.c.Load()
+				go c.Close()
+				for !c.closingNow() {
+					time.Sleep(time.Millisecond)
+				}
+			})
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *closeOnMGET) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// GetMany's ids that no flight can take (the client closed under it)
+// are counted too, with a batch function or without.
+func TestMetrics_GetManyIdsRefusedAtCloseAreCounted(t *testing.T) {
+	for _, batch := range []bool{true, false} {
+		t.Run(fmt.Sprint("batch=", batch), func(t *testing.T) {
+			b := miniBackend(t)
+			rdb := redis.NewClient(&redis.Options{Addr: b.addr})
+			defer rdb.Close()
+			h := &closeOnMGET{}
+			rdb.AddHook(h)
+			c, err := New(rdb, "mgc", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.c.Store(c)
+			opts := &ManyOptions{}
+			if batch {
+				opts.Batch = func(_ context.Context, ids []string) (map[string]BatchValue, error) {
+					m := map[string]BatchValue{}
+					for _, id := range ids {
+						m[id] = BatchValue{Value: []byte(id), TTL: time.Minute}
+					}
+					return m, nil
+				}
+			}
+			items, err := c.GetMany(bg(), []string{"a", "b", "c"}, func(_ context.Context, id string, _ *Lease) ([]byte, time.Duration, error) {
+				return []byte(id), time.Minute, nil
+			}, opts)
+			_ = c.Close()
+			if err != nil || len(items) != 3 {
+				t.Fatalf("GetMany: %d items, %v", len(items), err)
+			}
+			if n := totalCalls(c); n != 3 {
+				t.Errorf("3 ids answered, %d counted", n)
+			}
+		})
+	}
+}
+
+// slowLookup holds every script call back, so that Close lands while a
+// lookup is out.
+type slowLookup struct{}
+
+func (slowLookup) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (slowLookup) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+			time.Sleep(150 * time.Millisecond)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (slowLookup) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A caller whose inline lookup (a context that cannot end) returns after
+// Close finished its flight gets the flight's answer, ErrClosed, as it was
+// counted: never a value counted as an error.
+func TestMetrics_CloseDuringAnInlineHitCountsWhatTheCallerGot(t *testing.T) {
+	b := miniBackend(t)
+	rawClient(t, b.addr).Set(bg(), "cih:x", "v", time.Minute)
+	rdb := redis.NewClient(&redis.Options{Addr: b.addr})
+	defer rdb.Close()
+	rdb.AddHook(slowLookup{})
+	c, err := New(rdb, "cih", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := c.GetResult(bg(), "x", func(context.Context, *Lease) ([]byte, time.Duration, error) { return []byte("f"), time.Minute, nil })
+		got <- err
+	}()
+	eventually(t, 5*time.Second, "the lookup under way", func() bool { return c.Stats().Gets == 1 })
+	_ = c.Close()
+	err = <-got
+	if err != nil && !errors.Is(err, ErrClosed) {
+		t.Fatalf("the caller got %v", err)
+	}
+	served, o := ServedRedis, gotValue
+	if err != nil {
+		served, o = 0, gotError
+	}
+	if n := c.stats.calls[served][o].Load(); n != 1 || totalCalls(c) != 1 {
+		t.Errorf("the caller got err=%v; counts: that answer %d, in all %d", err, n, totalCalls(c))
 	}
 }
