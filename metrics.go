@@ -115,7 +115,7 @@ func newMeters(mp metric.MeterProvider, tag string, c *Client) (*meters, error) 
 	var gets metric.Int64ObservableCounter
 	if err == nil {
 		gets, err = m.Int64ObservableCounter("memolock.gets", metric.WithUnit("{call}"),
-			metric.WithDescription("Answers given to callers (Get and its variants, Lookup, each GetMany id), by how they were served and what they were."))
+			metric.WithDescription("Answers given to callers (Get and its variants, Lookup, each distinct GetMany id), by how they were served and what they were."))
 	}
 	gauge := func(name, unit, desc string) metric.Int64ObservableUpDownCounter {
 		var g metric.Int64ObservableUpDownCounter
