@@ -495,9 +495,9 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 			return nil, v, ServedL1, nil
 		}
 	}
-	*cl = c.begin(ctx, id)
-	ctx = cl.ctx
+	*cl = c.begin(ctx)
 	f, leader, err := c.flights.join(key, func() *flight {
+		c.trace(cl, id)
 		f := &flight{id: id, key: key, span: cl.span, fetch: fetch, start: start, done: make(chan struct{})}
 		f.token, f.claim = c.claimSpan(cl.ctx, f)
 		return f
@@ -507,9 +507,15 @@ func (c *Client) get(ctx context.Context, id string, fetch FetchFunc, start Star
 		return nil, nil, 0, err
 	}
 	if !leader {
-		cl.joined(f)
+		if f.span != nil {
+			// Traced flights only: a thousand callers joining one that
+			// nobody traces must not each start a span for nothing.
+			c.trace(cl, id)
+			cl.joined(f)
+		}
 		return f, nil, 0, nil
 	}
+	ctx = cl.ctx
 	if c.l1 != nil {
 		f.l1 = c.l1.snap(key) // before anything is read
 	}

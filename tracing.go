@@ -35,7 +35,7 @@ type call struct {
 }
 
 // begin starts observing a call that missed the L1.
-func (c *Client) begin(ctx context.Context, id string) call {
+func (c *Client) begin(ctx context.Context) call {
 	// Without an SDK (the global providers' default), a call records
 	// nothing: a thousand callers woken at once must not each pay for
 	// reading the clock and ending a span that nobody records.
@@ -43,11 +43,15 @@ func (c *Client) begin(ctx context.Context, id string) call {
 	if c.meters.timing(ctx) {
 		cl.t0 = time.Now()
 	}
-	if sctx, span := c.tracer.Start(ctx, "memolock.Get", c.spanOpts...); span.IsRecording() {
-		span.SetAttributes(attribute.String("memolock.id", id))
-		cl.ctx, cl.span = sctx, span
-	}
 	return cl
+}
+
+// trace starts cl's span, and keeps it if it records.
+func (c *Client) trace(cl *call, id string) {
+	if ctx, span := c.tracer.Start(cl.ctx, "memolock.Get", c.spanOpts...); span.IsRecording() {
+		span.SetAttributes(attribute.String("memolock.id", id))
+		cl.ctx, cl.span = ctx, span
+	}
 }
 
 // joined marks a call that joined a flight another caller leads.
