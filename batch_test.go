@@ -62,30 +62,6 @@ func TestBatch_ConcurrentLookupsGetTheirOwnAnswers(t *testing.T) {
 	}
 }
 
-// A new or flushed server has no scripts: a batch of EVALSHA meets
-// NOSCRIPT and must fall back to EVAL.
-func TestBatch_LoadsScriptsAfterScriptFlush(t *testing.T) {
-	b := realBackend(t)
-	raw := rawClient(t, b.addr)
-	raw.Set(bg(), "flush:hit", "stored", time.Minute)
-	raw.ScriptFlush(bg())
-	bt := newBatcher(raw, &counters{}, &sync.WaitGroup{})
-	calls := []*acquireCall{
-		{keys: []string{"flush:hit", "flush/lock:hit", "flush/lock-notfound:hit", "flush/lock-stale:hit"}, args: []any{"t1", 1000}, done: make(chan struct{})},
-		{keys: []string{"flush:miss", "flush/lock:miss", "flush/lock-notfound:miss", "flush/lock-stale:miss"}, args: []any{"t2", 1000}, done: make(chan struct{})},
-	}
-	bt.send(calls)
-	if calls[0].err != nil || calls[0].res != "stored" {
-		t.Errorf("hit after SCRIPT FLUSH: %v, %v", calls[0].res, calls[0].err)
-	}
-	if calls[1].err != nil || calls[1].res != int64(1) {
-		t.Errorf("miss after SCRIPT FLUSH: %v, %v", calls[1].res, calls[1].err)
-	}
-	if v := raw.Get(bg(), "flush/lock:miss").Val(); v != "t2" {
-		t.Errorf("lock = %q", v)
-	}
-}
-
 func TestBatch_RedisDownFailsEveryCaller(t *testing.T) {
 	addr := refusedAddr(t)
 	c := newTestClient(t, addr, "down", nil)

@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/memolock/memolock/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -145,7 +146,7 @@ func TestGet_FailureTextCutAtUTF8Boundary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, _, text := parseEvent(msg.Payload)
+	_, _, text := wire.ParseEvent(msg.Payload)
 	if !utf8.ValidString(text) || len(text) > 4096 || len(text) < 4090 {
 		t.Errorf("event text: %d bytes, valid UTF-8 %v", len(text), utf8.ValidString(text))
 	}

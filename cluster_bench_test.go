@@ -4,16 +4,19 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/memolock/memolock/internal/redistest"
+	"github.com/memolock/memolock/internal/wire"
 )
 
 // benchTarget is one single redis-server or one 3-master cluster, on this
@@ -24,13 +27,17 @@ type benchTarget struct {
 }
 
 func (bt benchTarget) client(b *testing.B, tag string) *Client {
+	return bt.clientWith(b, tag, &Options{LockTTL: time.Minute})
+}
+
+func (bt benchTarget) clientWith(b *testing.B, tag string, opts *Options) *Client {
 	var rdb redis.UniversalClient
 	if len(bt.nodes) == 1 {
 		rdb = redis.NewClient(&redis.Options{Addr: bt.nodes[0].Addr})
 	} else {
 		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{bt.nodes[0].Addr}})
 	}
-	c, err := New(rdb, tag, &Options{LockTTL: time.Minute})
+	c, err := New(rdb, tag, opts)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -71,7 +78,7 @@ func BenchmarkCluster(b *testing.B) {
 				return []byte("value"), time.Minute, nil
 			}
 			var n atomic.Int64
-			run := newToken()[:8] // -count runs this again on the same servers
+			run := wire.NewToken()[:8] // -count runs this again on the same servers
 			runParallel(b, func(pb *testing.PB) {
 				for pb.Next() {
 					if _, err := c.Get(bg(), run+strconv.FormatInt(n.Add(1), 10), fetch); err != nil {
@@ -93,7 +100,7 @@ func BenchmarkClusterWakeup(b *testing.B) {
 				cs = append(cs, bt.client(b, "bw"))
 			}
 			var all []time.Duration
-			run := newToken()[:8] // -count runs this again on the same servers
+			run := wire.NewToken()[:8] // -count runs this again on the same servers
 			for i := 0; b.Loop(); i++ {
 				id := fmt.Sprint("w", run, i)
 				key := cs[0].keys.Value(mustWire(b, cs[0], id))
@@ -136,57 +143,57 @@ func BenchmarkClusterWakeup(b *testing.B) {
 	}
 }
 
-// BenchmarkClusterBroadcast runs a stampede over 100 ids, from 2 clients,
-// on a cluster of 3 masters, with sharded pub/sub (SPUBLISH) and, for
-// comparison, with what memolock did before it (PUBLISH, SUBSCRIBE): it
-// reports the pub/sub messages the masters received over the cluster bus,
-// which is the broadcast cost of PUBLISH (each one goes to every node).
+// BenchmarkClusterBroadcast measures the cluster-bus cost of publishing
+// values, on a cluster of 3 masters: memolock's stampede over 100 ids from
+// 2 clients, which publishes with SPUBLISH (the message stays on the slot's
+// shard), against the same 100 values published with PUBLISH, as memolock
+// did before sharded pub/sub (each message goes to every node).
 func BenchmarkClusterBroadcast(b *testing.B) {
 	nodes := redistest.StartCluster(b, 3)
-	for _, sharded := range []bool{true, false} {
-		name := "SPUBLISH"
-		if !sharded {
-			name = "PUBLISH"
-		}
-		b.Run(name, func(b *testing.B) {
-			bt := benchTarget{"cluster", nodes}
-			var cs []*Client
-			for range 2 {
-				c := bt.client(b, "bb-"+name)
-				if !sharded {
-					c.proto.sc, c.shards, c.sub = plainScripts, nil, newSubscriber(c.rdb, &c.stats)
-				}
-				cs = append(cs, c)
-			}
-			before := busMessages(b, nodes)
-			run := newToken()[:8]
-			for i := 0; b.Loop(); i++ {
-				done := make(chan error, 200)
-				for _, c := range cs {
-					for id := range 100 {
-						go func() {
-							_, err := c.Get(bg(), fmt.Sprint(run, i, "-", id), func(context.Context, *Lease) ([]byte, time.Duration, error) {
-								time.Sleep(20 * time.Millisecond) // so that the other client waits
-								return []byte("value"), time.Minute, nil
-							})
-							done <- err
-						}()
-					}
-				}
-				for range 200 {
-					if err := <-done; err != nil {
-						b.Error(err)
-					}
-				}
-			}
-			b.ReportMetric(float64(busMessages(b, nodes)-before)/float64(b.N), "bus-msgs/op")
-			var wakeups int64
+	b.Run("SPUBLISH", func(b *testing.B) {
+		bt := benchTarget{"cluster", nodes}
+		cs := []*Client{bt.client(b, "bb"), bt.client(b, "bb")}
+		before := busMessages(b, nodes)
+		run := wire.NewToken()[:8]
+		for i := 0; b.Loop(); i++ {
+			done := make(chan error, 200)
 			for _, c := range cs {
-				wakeups += c.Stats().Wakeups
+				for id := range 100 {
+					go func() {
+						_, err := c.Get(bg(), fmt.Sprint(run, i, "-", id), func(context.Context, *Lease) ([]byte, time.Duration, error) {
+							time.Sleep(20 * time.Millisecond) // so that the other client waits
+							return []byte("value"), time.Minute, nil
+						})
+						done <- err
+					}()
+				}
 			}
-			b.ReportMetric(float64(wakeups)/float64(b.N), "wakeups/op")
-		})
-	}
+			for range 200 {
+				if err := <-done; err != nil {
+					b.Error(err)
+				}
+			}
+		}
+		b.ReportMetric(float64(busMessages(b, nodes)-before)/float64(b.N), "bus-msgs/op")
+		var wakeups int64
+		for _, c := range cs {
+			wakeups += c.Stats().Wakeups
+		}
+		b.ReportMetric(float64(wakeups)/float64(b.N), "wakeups/op")
+	})
+	b.Run("PUBLISH", func(b *testing.B) {
+		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr}})
+		defer rdb.Close()
+		before := busMessages(b, nodes)
+		for i := 0; b.Loop(); i++ {
+			for id := range 100 {
+				if err := rdb.Publish(bg(), fmt.Sprintf("bb/notif:{%d-%d}", i, id), "value").Err(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		b.ReportMetric(float64(busMessages(b, nodes)-before)/float64(b.N), "bus-msgs/op")
+	})
 }
 
 // busMessages sums the pub/sub messages the nodes received over the
@@ -219,8 +226,11 @@ func mustWire(b *testing.B, c *Client, id string) string {
 // client (the ids' locks held by an outside holder), then stores and
 // publishes every value in one pipeline, on one node and on the cluster.
 // It reports the pub/sub commands the client sent per id (SUBSCRIBE,
-// marker PING, UNSUBSCRIBE, sharded or not) and how long after the
-// publishes the last caller had its value. Each op is one whole run.
+// marker PING, UNSUBSCRIBE, sharded or not), how long after the publishes
+// the last caller had its value, and what a parked waiter costs in memory
+// (heap and stacks, its own goroutine included), beside a bare goroutine
+// parked on a channel, measured first in the same process. Each op is one
+// whole run.
 func BenchmarkMassExpiry(b *testing.B) {
 	const ids, perID = 10_000, 10
 	for _, bt := range benchTargets(b) {
@@ -233,8 +243,9 @@ func BenchmarkMassExpiry(b *testing.B) {
 				rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{bt.nodes[0].Addr}})
 			}
 			b.Cleanup(func() { _ = rdb.Close() })
-			var perKey, wake float64
-			run := newToken()[:8]
+			var perKey, wake, perWaiter float64
+			bare := bareWaiter(ids * perID) // first: before memolock's own goroutines grew any stack
+			run := wire.NewToken()[:8]
 			for i := 0; b.Loop(); i++ {
 				b.StopTimer()
 				keys := make([]string, ids)
@@ -247,6 +258,7 @@ func BenchmarkMassExpiry(b *testing.B) {
 					b.Fatal(err)
 				}
 				before := c.Stats()
+				mem0 := parkedMemory()
 				var done atomic.Int64
 				var woken sync.WaitGroup
 				for _, id := range keys {
@@ -273,6 +285,7 @@ func BenchmarkMassExpiry(b *testing.B) {
 					}
 					time.Sleep(10 * time.Millisecond)
 				}
+				perWaiter += float64(parkedMemory()-mem0) / (ids * perID)
 				b.StartTimer()
 				t0 := time.Now()
 				pipe = rdb.Pipeline()
@@ -305,6 +318,199 @@ func BenchmarkMassExpiry(b *testing.B) {
 			}
 			b.ReportMetric(perKey/float64(b.N), "pubsub-cmds/id")
 			b.ReportMetric(wake/float64(b.N)*1000, "wake-ms")
+			b.ReportMetric(perWaiter/float64(b.N), "B/waiter")
+			b.ReportMetric(bare, "bare-B/waiter")
+		})
+	}
+}
+
+// parkedMemory is the memory the process holds for goroutines and the heap,
+// after a collection.
+func parkedMemory() int64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapInuse + ms.StackInuse)
+}
+
+// bareWaiter is what n bare goroutines parked on a channel cost each: the
+// floor under a waiting caller's own goroutine.
+func bareWaiter(n int) float64 {
+	m0 := parkedMemory()
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-release
+		}()
+	}
+	perGoroutine := float64(parkedMemory()-m0) / float64(n)
+	close(release)
+	wg.Wait()
+	return perGoroutine
+}
+
+// BenchmarkClusterL1Hits is BenchmarkCluster's hits with the L1 on: 64
+// goroutines over 1,024 ids, every one in the L1, on one node and on the
+// cluster (a tracking subscriber per master).
+func BenchmarkClusterL1Hits(b *testing.B) {
+	for _, bt := range benchTargets(b) {
+		b.Run(bt.name, func(b *testing.B) {
+			c := bt.clientWith(b, "bl1", &Options{LockTTL: time.Minute, L1Size: 10_000})
+			ids := make([]string, 1024)
+			for i := range ids {
+				ids[i] = strconv.Itoa(i)
+				if err := c.Set(bg(), ids[i], []byte("value"), 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for _, id := range ids {
+				for {
+					r, err := c.GetResult(bg(), id, failFetch)
+					if err == nil && r.Served == ServedL1 {
+						break
+					}
+					if time.Now().After(deadline) {
+						b.Fatalf("id %s not in the L1 after 30s: %v, %v", id, r.Served, err)
+					}
+					time.Sleep(time.Millisecond)
+				}
+			}
+			before := c.Stats()
+			b.ReportAllocs()
+			runParallel(b, func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := c.Get(bg(), ids[rand.IntN(len(ids))], failFetch); err != nil {
+						b.Error(err)
+					}
+				}
+			})
+			b.ReportMetric(float64(c.Stats().L1Hits-before.L1Hits)/float64(b.N), "l1-hits/op")
+		})
+	}
+}
+
+// BenchmarkClusterSickMaster measures calls for ids on the healthy masters
+// of a 3-master cluster while the third is dead (SIGKILL) or frozen
+// (SIGSTOP), with no replica to take over, so that the fault lasts: 64
+// goroutines each time either a memolock Get or a plain GET from the same
+// go-redis client, of a random one of 1,024 stored ids on the healthy
+// masters, while 16 more goroutines keep asking for ids of the sick master.
+// It reports p50 and p99 of both, and their ratios (goal: memolock within
+// 2× of GET). Timing starts once the client has found the sick master
+// unreachable (for a frozen one, after go-redis's 3 s read timeout).
+func BenchmarkClusterSickMaster(b *testing.B) {
+	for _, fault := range []string{"dead", "frozen"} {
+		b.Run(fault, func(b *testing.B) {
+			b.Cleanup(func() { awaitDialRetries(b) }) // runs last, after the client is closed
+			nodes := redistest.StartClusterWithReplicas(b, 3, 0, "--cluster-require-full-coverage", "no")
+			rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr}})
+			c, err := New(rdb, "sick", &Options{LockTTL: time.Minute})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() {
+				_ = c.Close()
+				_ = rdb.Close()
+			})
+			victim := nodes[1]
+			var healthy, sick []string
+			for i := range 2048 {
+				id := strconv.Itoa(i)
+				if err := c.Set(bg(), id, []byte("value"), 0); err != nil {
+					b.Fatal(err)
+				}
+				if n, _ := nodeOf(b, nodes, c.keys.Value(mustWire(b, c, id))); n == victim {
+					sick = append(sick, id)
+				} else if len(healthy) < 1024 {
+					healthy = append(healthy, id)
+				}
+			}
+			healthyKeys := make([]string, len(healthy))
+			for i, id := range healthy {
+				healthyKeys[i] = c.keys.Value(mustWire(b, c, id))
+			}
+			switch fault {
+			case "dead":
+				victim.Kill()
+			case "frozen":
+				pid := serverPID(b, victim)
+				if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+			}
+			stop := make(chan struct{})
+			var sickLoad sync.WaitGroup
+			for range 16 {
+				sickLoad.Add(1)
+				go func() {
+					defer sickLoad.Done()
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						ctx, cancel := context.WithTimeout(bg(), 5*time.Second)
+						_, _ = c.Get(ctx, sick[rand.IntN(len(sick))], failFetch)
+						cancel()
+						time.Sleep(time.Millisecond) // calls fail at once during the outage: no spinning
+					}
+				}()
+			}
+			b.Cleanup(func() {
+				close(stop)
+				sickLoad.Wait()
+			})
+			deadline := time.Now().Add(30 * time.Second)
+			for c.Stats().Outages == 0 {
+				if time.Now().After(deadline) {
+					b.Fatal("the sick master was not found unreachable within 30s")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			var mu sync.Mutex
+			var mine, gets []time.Duration
+			var errs atomic.Int64
+			runParallel(b, func(pb *testing.PB) {
+				var m, g []time.Duration
+				for i := 0; pb.Next(); i++ {
+					j := rand.IntN(len(healthy))
+					t0 := time.Now()
+					if i%2 == 0 {
+						if _, err := c.Get(bg(), healthy[j], failFetch); err != nil {
+							errs.Add(1)
+						}
+						m = append(m, time.Since(t0))
+					} else {
+						if err := rdb.Get(bg(), healthyKeys[j]).Err(); err != nil {
+							errs.Add(1)
+						}
+						g = append(g, time.Since(t0))
+					}
+				}
+				mu.Lock()
+				mine, gets = append(mine, m...), append(gets, g...)
+				mu.Unlock()
+			})
+			b.StopTimer()
+			if n := errs.Load(); n > 0 {
+				b.Errorf("%d calls for healthy-master ids failed", n)
+			}
+			if len(mine) == 0 || len(gets) == 0 {
+				return
+			}
+			pm, pg := percentiles(mine), percentiles(gets)
+			b.ReportMetric(float64(pm[0].Microseconds()), "memolock-p50-µs")
+			b.ReportMetric(float64(pm[1].Microseconds()), "memolock-p99-µs")
+			b.ReportMetric(float64(pg[0].Microseconds()), "GET-p50-µs")
+			b.ReportMetric(float64(pg[1].Microseconds()), "GET-p99-µs")
+			b.ReportMetric(float64(pm[0])/float64(max(pg[0], 1)), "p50-ratio")
+			b.ReportMetric(float64(pm[1])/float64(max(pg[1], 1)), "p99-ratio")
 		})
 	}
 }

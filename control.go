@@ -2,13 +2,9 @@ package memolock
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"strconv"
-	"strings"
-	"sync/atomic"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // Delete removes the value of id and its lock, with its stale copy and a
@@ -29,17 +25,7 @@ func (c *Client) Delete(ctx context.Context, id string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	var n int
-	err = c.bounded(ctx, func(ctx context.Context) error {
-		var err error
-		n, err = c.proto.sc.del.Run(ctx, c.rdb, c.proto.idKeys(key), c.keys.Events(key)).Int()
-		return err
-	})
-	c.forget(key) // whatever happened, as the write may have run
-	if err != nil {
-		return false, fmt.Errorf("%w: deleting %s: %w", ErrRedis, quote(c.keys.Value(key)), err)
-	}
-	return n == 1, nil
+	return c.e.Delete(ctx, key)
 }
 
 // Set stores value for id with ttl (0 keeps it for ever), whoever holds
@@ -59,15 +45,7 @@ func (c *Client) Set(ctx context.Context, id string, value []byte, ttl time.Dura
 	if value == nil {
 		value = []byte{}
 	}
-	err = c.bounded(ctx, func(ctx context.Context) error {
-		return c.proto.sc.set.Run(ctx, c.rdb, c.proto.idKeys(key),
-			newToken(), value, ttlMillis(ttl), c.keys.Notif(key), c.proto.linger(ttl).Milliseconds(), c.staleTTL.Milliseconds()).Err()
-	})
-	c.forget(key)
-	if err != nil {
-		return fmt.Errorf("%w: setting %s: %w", ErrRedis, quote(c.keys.Value(key)), err)
-	}
-	return nil
+	return c.e.Set(ctx, key, value, ttl)
 }
 
 // Peeked is what Peek found for one id.
@@ -101,39 +79,12 @@ func (c *Client) Peek(ctx context.Context, id string) (Peeked, error) {
 	if err != nil {
 		return Peeked{}, err
 	}
-	return c.peek(ctx, key)
-}
-
-func (c *Client) peek(ctx context.Context, key string) (Peeked, error) {
-	var res []any
-	err := c.bounded(ctx, func(ctx context.Context) error {
-		var err error
-		res, err = peekScript.Run(ctx, c.rdb, c.proto.idKeys(key)).Slice()
-		return err
-	})
-	if err == nil && len(res) != 7 {
-		err = fmt.Errorf("unexpected script reply %v", res)
-	}
+	p, err := c.e.Peek(ctx, key)
 	if err != nil {
-		return Peeked{}, fmt.Errorf("%w: peeking at %s: %w", ErrRedis, quote(c.keys.Value(key)), err)
+		return Peeked{}, err
 	}
-	var p Peeked
-	if v, ok := res[0].(string); ok {
-		p.Value, p.Found = []byte(v), true
-		p.TTL = pttl(res[1])
-	}
-	if h, ok := res[2].(string); ok {
-		p.Holder = h
-		p.HolderTTL = pttl(res[3])
-		p.Stale = p.Found && strings.HasPrefix(h, "stale:")
-	}
-	if ms, _ := res[4].(int64); ms != -2 && !p.Found {
-		p.NotFound, p.NotFoundTTL = true, pttl(res[4])
-	}
-	if _, ok := res[5].(string); ok {
-		p.StaleCopyTTL = pttl(res[6])
-	}
-	return p, nil
+	return Peeked{Value: p.Value, Found: p.Found, TTL: p.TTL, Stale: p.Resurrected, NotFound: p.NotFound,
+		NotFoundTTL: p.NotFoundTTL, StaleCopyTTL: p.StaleCopyTTL, Holder: p.Holder, HolderTTL: p.HolderTTL}, nil
 }
 
 // Lookup returns what the L1, then Redis, holds for id, and never computes
@@ -142,67 +93,19 @@ func (c *Client) peek(ctx context.Context, key string) (Peeked, error) {
 // one matching ErrMiss when nothing is cached. A value read from Redis
 // enters the L1 as a Get's would.
 func (c *Client) Lookup(ctx context.Context, id string) (Result, error) {
-	r, err := c.lookupOnly(ctx, id)
-	if c.usable() == nil {
-		c.stats.count(r.Served, err)
-	}
-	return r, err
-}
-
-func (c *Client) lookupOnly(ctx context.Context, id string) (Result, error) {
 	key, err := c.control(ctx, id)
 	if err != nil {
+		if c.usable() == nil {
+			c.e.Count(0, err)
+		}
 		return Result{}, err
 	}
-	if c.l1 != nil {
-		if v, notFound, ok := c.l1.get(key); ok {
-			if notFound {
-				return Result{Served: ServedL1}, c.notFoundErr(id)
-			}
-			return Result{Value: v, Served: ServedL1}, nil
-		}
-	}
-	if err := c.outage.err(); err != nil {
+	val, served, err := c.e.Lookup(ctx, id, key)
+	if err != nil && !errors.Is(err, ErrNotFound) {
 		return Result{}, err
 	}
-	var snap l1Snap
-	if c.l1 != nil {
-		snap = c.l1.snap(key)
-	}
-	p, err := c.peek(ctx, key)
-	if err != nil {
-		c.outage.report(err)
-		return Result{}, err
-	}
-	switch {
-	case p.Found && p.Stale:
-		c.stats.stale.Add(1)
-		return Result{Value: p.Value, Served: ServedStale}, nil
-	case p.Found:
-		c.stats.hits.Add(1)
-		if c.l1 != nil {
-			c.l1.promote(key, p.Value, c.l1TTL(p.TTL), snap)
-		}
-		return Result{Value: p.Value, Served: ServedRedis}, nil
-	case p.NotFound:
-		if c.l1 != nil {
-			c.l1.promoteNotFound(key, p.NotFoundTTL, snap)
-		}
-		return Result{Served: ServedRedis}, c.notFoundErr(id)
-	}
-	return Result{}, fmt.Errorf("%w: id %s", ErrMiss, quote(id))
+	return Result{Value: val, Served: Served(served)}, err
 }
-
-func pttl(v any) time.Duration {
-	ms, _ := v.(int64)
-	if ms < 0 {
-		return -1
-	}
-	return time.Duration(min(ms, int64(maxPTTL/time.Millisecond))) * time.Millisecond
-}
-
-// purgeBatch is how many keys Purge asks SCAN for, and unlinks, at a time.
-const purgeBatch = 500
 
 // Purge removes every value and lock of the client's tag, with SCAN and
 // UNLINK in batches (never KEYS, which blocks the server), on every master
@@ -218,91 +121,7 @@ func (c *Client) Purge(ctx context.Context) (int64, error) {
 	if err := c.ready(ctx); err != nil {
 		return 0, err
 	}
-	var n atomic.Int64
-	purge := func(ctx context.Context, node redis.Cmdable) error {
-		for _, prefix := range []string{c.keys.Value(""), c.keys.Lock(""), c.keys.NotFound(""), c.keys.Stale("")} {
-			pattern := globEscape(prefix) + "*"
-			if err := purgeNode(ctx, node, pattern, &n); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	err := c.bounded(ctx, func(ctx context.Context) error {
-		if cc, ok := c.rdb.(*redis.ClusterClient); ok {
-			return cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return purge(ctx, node) })
-		}
-		return purge(ctx, c.rdb)
-	})
-	c.flights.detach("")
-	if c.l1 != nil {
-		c.l1.flush()
-	}
-	if err != nil {
-		return n.Load(), fmt.Errorf("%w: purging tag %s: %w", ErrRedis, quote(c.keys.Tag()), err)
-	}
-	return n.Load(), nil
-}
-
-// purgeNode unlinks the keys matching pattern on one node, adding their
-// number to n.
-func purgeNode(ctx context.Context, node redis.Cmdable, pattern string, n *atomic.Int64) error {
-	var cursor uint64
-	for {
-		keys, next, err := node.Scan(ctx, cursor, pattern, purgeBatch).Result()
-		if err != nil {
-			return err
-		}
-		if len(keys) > 0 {
-			// One UNLINK per key, in one pipeline: on a cluster the keys of
-			// one node span slots, and a multi-key UNLINK across slots is
-			// refused (CROSSSLOT).
-			cmds, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
-				for _, k := range keys {
-					p.Unlink(ctx, k)
-				}
-				return nil
-			})
-			for _, cmd := range cmds {
-				if m, ok := cmd.(*redis.IntCmd); ok {
-					n.Add(m.Val())
-				}
-			}
-			if err != nil {
-				return err
-			}
-		}
-		if next == 0 {
-			return nil
-		}
-		cursor = next
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-	}
-}
-
-// globEscape escapes the characters that SCAN MATCH patterns treat
-// specially.
-func globEscape(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		switch s[i] {
-		case '*', '?', '[', ']', '\\', '^', '-':
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-// forget drops key from the L1 at once, for this process's own writes:
-// the invalidation Redis sends may come a moment later.
-func (c *Client) forget(key string) {
-	c.flights.detach(key)
-	if c.l1 != nil {
-		c.l1.invalidate([]string{c.keys.Value(key)})
-	}
+	return c.e.Purge(ctx)
 }
 
 // control checks a control call's arguments and returns the id as sent to
@@ -319,7 +138,7 @@ func (c *Client) ready(ctx context.Context) error {
 	if err := c.usable(); err != nil {
 		return err
 	}
-	if c.closingNow() {
+	if c.e.Closing() {
 		return ErrClosed
 	}
 	if ctx == nil {
@@ -329,47 +148,4 @@ func (c *Client) ready(ctx context.Context) error {
 		return fmt.Errorf("%w: %w", ErrTimeout, err)
 	}
 	return nil
-}
-
-// bounded runs fn, a call to Redis, and returns when it does or when ctx
-// ends, whichever comes first: go-redis ignores context deadlines on reads
-// unless ContextTimeoutEnabled is set, and callers' deadlines must hold. A
-// call left behind ends with go-redis's own timeouts; Close waits for it
-// (boundedly).
-func (c *Client) bounded(ctx context.Context, fn func(context.Context) error) error {
-	// Close cancels the call too, so that a long Purge stops.
-	fctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(c.calls, cancel)
-	if ctx.Done() == nil {
-		defer stop()
-		defer cancel()
-		return fn(fctx)
-	}
-	done := make(chan error, 1)
-	if !c.flights.track(&c.wg) {
-		stop()
-		cancel()
-		return ErrClosed
-	}
-	go func() {
-		defer c.wg.Done()
-		defer stop()
-		defer cancel()
-		done <- fn(fctx)
-	}()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return fmt.Errorf("%w: %w", ErrTimeout, ctx.Err())
-	}
-}
-
-// ttlMillis is a value TTL as the scripts take it: whole milliseconds, at
-// least 1, or "0" for none.
-func ttlMillis(ttl time.Duration) string {
-	if ttl <= 0 {
-		return "0"
-	}
-	return strconv.FormatInt(max(ttl.Milliseconds(), 1), 10)
 }

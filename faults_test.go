@@ -33,7 +33,7 @@ func waitersLive(t *testing.T, ch string, clients ...*testClient) {
 	t.Helper()
 	eventually(t, 5*time.Second, fmt.Sprintf("%d live subscriptions to %s", len(clients), ch), func() bool {
 		for _, c := range clients {
-			if c.sub.liveWatches(ch) == 0 {
+			if c.e.LiveWatches(ch) == 0 {
 				return false
 			}
 		}
@@ -182,10 +182,10 @@ func TestGet_WaiterTakesOverWhenHolderDies(t *testing.T) {
 		t.Fatalf("lock holds %q, child says %q", v, token)
 	}
 
-	c := newTestClient(t, b.addr, "crash", &Options{LockTTL: 2 * time.Second})
 	var holders []string
 	var mu sync.Mutex
-	c.onWait = func(id, holder string) { mu.Lock(); holders = append(holders, holder); mu.Unlock() }
+	c := newTestClient(t, b.addr, "crash", &Options{LockTTL: 2 * time.Second,
+		OnWait: func(id, holder string) { mu.Lock(); holders = append(holders, holder); mu.Unlock() }})
 	result := make(chan error, 1)
 	var calls atomic.Int64
 	go func() {
@@ -218,7 +218,10 @@ func TestGet_WaiterTakesOverWhenHolderDies(t *testing.T) {
 
 func TestGet_WatchdogKeepsSlowFetchLocked(t *testing.T) {
 	b := realBackend(t)
-	opts := &Options{LockTTL: 300 * time.Millisecond}
+	// Renewed every LockTTL/3: a second leaves the watchdog 600ms of
+	// scheduling delay on a loaded machine before the lock could lapse.
+	const lockTTL = time.Second
+	opts := &Options{LockTTL: lockTTL}
 	c1 := newTestClient(t, b.addr, "slow", opts)
 	c2 := newTestClient(t, b.addr, "slow", opts)
 	var calls atomic.Int64
@@ -228,7 +231,7 @@ func TestGet_WatchdogKeepsSlowFetchLocked(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			// Four lock TTLs long.
-			v, err := c.Get(bg(), "k", constFetch(&calls, "slow value", 1200*time.Millisecond))
+			v, err := c.Get(bg(), "k", constFetch(&calls, "slow value", 4*lockTTL))
 			if err != nil || string(v) != "slow value" {
 				t.Errorf("Get = %q, %v", v, err)
 			}
@@ -316,8 +319,7 @@ func TestGet_WaiterSurvivesSilentlyDeadPubSubConnection(t *testing.T) {
 	proxy := redistest.StartProxy(t, b.addr)
 	raw := rawClient(t, b.addr)
 	raw.Set(bg(), "silent/lock:k", "holder", time.Minute)
-	c := newTestClient(t, proxy.Addr, "silent", &Options{LockTTL: time.Minute})
-	c.sub.health = 100 * time.Millisecond
+	c := newTestClient(t, proxy.Addr, "silent", &Options{LockTTL: time.Minute}, pubsubHealth(100*time.Millisecond))
 	looks := countLookups(c.rdb, "silent:k")
 	got := make(chan string, 1)
 	go func() {

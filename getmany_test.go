@@ -332,9 +332,11 @@ func TestGetMany_ConcurrencyLimitHolds(t *testing.T) {
 				defer running.Add(-1)
 				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
 				}
-				// Hold on until the limit is reached (or a while), so that
-				// the peak shows what the limit allows.
-				deadline := time.Now().Add(200 * time.Millisecond)
+				// Hold on until the limit is reached, so that the peak shows
+				// what the limit allows, however slowly the pursuers start;
+				// a limit below it makes each fetch wait 10s, and the test
+				// fail.
+				deadline := time.Now().Add(10 * time.Second)
 				for peak.Load() < int64(tc.want) && time.Now().Before(deadline) {
 					time.Sleep(time.Millisecond)
 				}
@@ -623,16 +625,16 @@ func TestGetMany_WorksOnCluster(t *testing.T) {
 	}
 }
 
-// The caller's deadline holds while Redis stalls, with go-redis's default
-// options, which ignore context deadlines on reads: for the hits' read and
-// for the misses' lookups.
+// The caller's deadline holds while Redis stalls and go-redis ignores
+// context deadlines on reads (its default): for the hits' read and for the
+// misses' lookups.
 func TestGetMany_DeadlineHoldsWhileRedisStalls(t *testing.T) {
 	srv := redistest.Start(t, "--enable-debug-command", "yes")
-	c := newTestClient(t, srv.Addr, "stall", nil)
-	if _, err := c.Get(bg(), "warm", constFetch(new(atomic.Int64), "w", 0)); err != nil {
-		t.Fatal(err)
-	}
-	stall(t, srv.Addr, 3)
+	c := stalledClient(t, srv, "stall", func(c *testClient) {
+		if _, err := c.Get(bg(), "warm", constFetch(new(atomic.Int64), "w", 0)); err != nil {
+			t.Fatal(err)
+		}
+	})
 
 	ids := []string{"a", "b", "warm", "a"}
 	for _, opts := range []*ManyOptions{nil, {Batch: batchByID(new(sync.Mutex), new([][]string))}} {
@@ -641,8 +643,8 @@ func TestGetMany_DeadlineHoldsWhileRedisStalls(t *testing.T) {
 		items, err := c.GetMany(ctx, ids, noFetchID, opts)
 		d := time.Since(t0)
 		cancel()
-		if err != nil || d > time.Second {
-			t.Fatalf("GetMany returned %v after %v (deadline 200ms, stall 3s)", err, d)
+		if err != nil || d > stalledBound {
+			t.Fatalf("GetMany returned %v after %v (deadline 200ms; go-redis would give up after %v)", err, d, stalledReadTimeout)
 		}
 		for _, it := range items {
 			if !errors.Is(it.Err, ErrTimeout) || !errors.Is(it.Err, context.DeadlineExceeded) {

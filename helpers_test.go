@@ -13,7 +13,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/memolock/memolock/internal/engine"
 	"github.com/memolock/memolock/internal/redistest"
+	"github.com/memolock/memolock/internal/wire"
 )
 
 func TestMain(m *testing.M) {
@@ -27,6 +29,14 @@ func TestMain(m *testing.M) {
 	}
 	if spec := os.Getenv(clusterChildEnv); spec != "" {
 		runClusterChild(spec)
+		return
+	}
+	if addr := os.Getenv(frozenReaderEnv); addr != "" {
+		runFrozenReader(addr)
+		return
+	}
+	if spec := os.Getenv(faultChildEnv); spec != "" {
+		runFaultChild(spec)
 		return
 	}
 	if addr := os.Getenv(traceChildEnv); addr != "" {
@@ -90,18 +100,28 @@ type testClient struct {
 	commands *commandCounter
 }
 
-func newTestClient(t testing.TB, addr, tag string, opts *Options) *testClient {
+func newTestClient(t testing.TB, addr, tag string, opts *Options, tweaks ...func(*engine.Config)) *testClient {
 	t.Helper()
-	return newTestClientOn(t, &redis.Options{Addr: addr}, tag, opts)
+	return newTestClientOn(t, &redis.Options{Addr: addr}, tag, opts, tweaks...)
+}
+
+// pubsubHealth shortens the silence after which a pub/sub connection is
+// probed.
+func pubsubHealth(d time.Duration) func(*engine.Config) {
+	return func(cfg *engine.Config) { cfg.PubSubHealth = d }
 }
 
 // newTestClientOn is newTestClient with the go-redis options given.
-func newTestClientOn(t testing.TB, o *redis.Options, tag string, opts *Options) *testClient {
+func newTestClientOn(t testing.TB, o *redis.Options, tag string, opts *Options, tweaks ...func(*engine.Config)) *testClient {
 	t.Helper()
 	rdb := redis.NewClient(o)
 	cc := &commandCounter{}
 	rdb.AddHook(cc)
-	c, err := New(rdb, tag, opts)
+	c, err := newClient(rdb, tag, opts, func(cfg *engine.Config) {
+		for _, tw := range tweaks {
+			tw(cfg)
+		}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,31 +214,66 @@ type quietLogger struct{}
 
 func (quietLogger) Printf(context.Context, string, ...any) {}
 
-// stall makes the redis-server at addr, started with
-// --enable-debug-command yes, sleep for seconds (DEBUG SLEEP), and returns
-// once it has stalled. The test's cleanup waits for the sleep to end and
-// fails the test if it did not end well.
-func stall(t *testing.T, addr string, seconds int) {
+// takeOverVanished has c Get id, whose lock (key) a holder elsewhere
+// holds and then abandons without a word, and returns what Get returned:
+// a takeover, whatever the machine's load. The lock has no TTL (the
+// waiter looks again after its own lock TTL) and goes only once the
+// waiter waits: a lock set with a short TTL could expire before the
+// first lookup, which would then simply compute.
+func takeOverVanished(t *testing.T, c *testClient, raw *redis.Client, key, id string, fetch FetchFunc) (Result, error) {
 	t.Helper()
-	sleeper := rawClient(t, addr)
-	slept := make(chan error, 1)
-	go func() { slept <- sleeper.Do(bg(), "DEBUG", "SLEEP", seconds).Err() }()
-	t.Cleanup(func() {
-		if err := <-slept; err != nil {
-			t.Errorf("DEBUG SLEEP: %v", err)
-		}
-	})
-	eventually(t, 5*time.Second, "the server to stall", func() bool { return redistest.Stalled(addr) })
+	raw.Set(bg(), key, "vanished-holder", 0)
+	type answer struct {
+		r   Result
+		err error
+	}
+	got := make(chan answer, 1)
+	waits := c.Stats().Waits
+	go func() {
+		r, err := c.GetResult(bg(), id, fetch)
+		got <- answer{r, err}
+	}()
+	eventually(t, 10*time.Second, "the waiter to wait", func() bool { return c.Stats().Waits > waits })
+	raw.Del(bg(), key)
+	a := <-got
+	return a.r, a.err
 }
 
+// stalledClient is a testClient of a redis-server that stalls (DEBUG SLEEP)
+// from the moment it returns until the test ends; the server must have
+// been started with --enable-debug-command yes. warm runs first, while the
+// server still answers (to load a script, say). go-redis ignores context
+// deadlines on reads, as by default, its own read timeout is half a minute
+// and it does not retry: only memolock's handling of a caller's deadline
+// can return a call within the tests' bounds, however loaded the machine,
+// and a memolock that ignored the deadline fails the test in half a minute.
+func stalledClient(t *testing.T, srv *redistest.Server, tag string, warm func(*testClient)) *testClient {
+	t.Helper()
+	c := newTestClientOn(t, &redis.Options{Addr: srv.Addr, ReadTimeout: stalledReadTimeout, MaxRetries: -1}, tag, nil)
+	if warm != nil {
+		warm(c)
+	}
+	srv.Stall(t)
+	return c
+}
+
+// stalledReadTimeout is go-redis's read timeout in stalledClient: far
+// longer than a stalled call's bound (stalledBound).
+const stalledReadTimeout = 30 * time.Second
+
+// stalledBound bounds a call to a stalled Redis whose deadline is a few
+// hundred milliseconds: coarse enough for a loaded machine, and far below
+// go-redis's read timeout, which would end the call if memolock did not.
+const stalledBound = 10 * time.Second
+
 // lockDone checks that the lock at key was left done after a value was
-// stored: "done:<token>", lingering at most lockLinger (see storeSrc).
+// stored: "done:<token>", lingering at most wire.LockLinger (see wire.StoreSrc).
 func lockDone(t *testing.T, rdb redis.Cmdable, key string) {
 	t.Helper()
 	if v := rdb.Get(bg(), key).Val(); !strings.HasPrefix(v, "done:") {
 		t.Errorf("lock %s = %q after the value was stored, want done:<token>", key, v)
 	}
-	if ttl := rdb.PTTL(bg(), key).Val(); ttl <= 0 || ttl > lockLinger {
-		t.Errorf("lock %s lingers %v, want (0, %v]", key, ttl, lockLinger)
+	if ttl := rdb.PTTL(bg(), key).Val(); ttl <= 0 || ttl > wire.LockLinger {
+		t.Errorf("lock %s lingers %v, want (0, %v]", key, ttl, wire.LockLinger)
 	}
 }

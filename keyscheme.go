@@ -1,10 +1,10 @@
 package memolock
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"strings"
+
+	"github.com/memolock/memolock/internal/wire"
 )
 
 // KeyScheme names the Redis keys and channels of one tag. It is the scheme of
@@ -45,29 +45,32 @@ func NewKeyScheme(tag string) (KeyScheme, error) {
 	return KeyScheme{tag: tag}, nil
 }
 
+// wire is the scheme as the protocol names it.
+func (k KeyScheme) wire() wire.Keys { return wire.NewKeys(k.tag) }
+
 // Tag returns the scheme's tag.
 func (k KeyScheme) Tag() string { return k.tag }
 
 // Value returns the key holding the value of id.
-func (k KeyScheme) Value(id string) string { return k.tag + ":" + id }
+func (k KeyScheme) Value(id string) string { return k.wire().Value(id) }
 
 // Lock returns the key of the lock on id.
-func (k KeyScheme) Lock(id string) string { return k.tag + "/lock:" + id }
+func (k KeyScheme) Lock(id string) string { return k.wire().Lock(id) }
 
 // Notif returns the channel on which the value of id is published.
-func (k KeyScheme) Notif(id string) string { return k.tag + "/notif:" + id }
+func (k KeyScheme) Notif(id string) string { return k.wire().Notif(id) }
 
 // Events returns the channel on which memolock peers report that the holder
 // of the lock on id gave up without a value.
-func (k KeyScheme) Events(id string) string { return k.tag + "/lock-event:" + id }
+func (k KeyScheme) Events(id string) string { return k.wire().Events(id) }
 
 // NotFound returns the key that records that fetch found nothing for id
 // (Options.NegTTL).
-func (k KeyScheme) NotFound(id string) string { return k.tag + "/lock-notfound:" + id }
+func (k KeyScheme) NotFound(id string) string { return k.wire().NotFound(id) }
 
 // Stale returns the key holding a copy of the value of id that outlives it
 // by Options.StaleTTL.
-func (k KeyScheme) Stale(id string) string { return k.tag + "/lock-stale:" + id }
+func (k KeyScheme) Stale(id string) string { return k.wire().Stale(id) }
 
 // PlaceID returns the id that Options.HashTags sends to Redis in place of
 // id (already hashed, with HashIDs): id in braces, so that every key and
@@ -76,12 +79,7 @@ func (k KeyScheme) Stale(id string) string { return k.tag + "/lock-stale:" + id 
 // Redis hashes what lies between a key's first "{" and the first "}" after
 // it, and ignores an empty tag: it reports false for the ids that would
 // make one, the empty id and ids that start with "}".
-func PlaceID(id string) (string, bool) {
-	if id == "" || id[0] == '}' {
-		return "", false
-	}
-	return "{" + id + "}", true
-}
+func PlaceID(id string) (string, bool) { return wire.PlaceID(id) }
 
 // wireID returns id as the client sends it to Redis: hashed with
 // Options.HashIDs, placed with Options.HashTags.
@@ -93,7 +91,7 @@ func (c *Client) wireID(id string) (string, error) {
 	if c.hashTags {
 		placed, ok := PlaceID(key)
 		if !ok {
-			return "", fmt.Errorf("%w: id %s cannot be placed in a cluster slot (it is empty or starts with \"}\"); set Options.HashIDs to use it", ErrInvalid, quote(id))
+			return "", fmt.Errorf("%w: id %s cannot be placed in a cluster slot (it is empty or starts with \"}\"); set Options.HashIDs to use it", ErrInvalid, wire.Quote(id))
 		}
 		key = placed
 	}
@@ -102,7 +100,4 @@ func (c *Client) wireID(id string) (string, error) {
 
 // HashID returns the id that Options.HashIDs sends to Redis in place of id:
 // the lowercase hex SHA-256 of its bytes, 64 characters long.
-func HashID(id string) string {
-	sum := sha256.Sum256([]byte(id))
-	return hex.EncodeToString(sum[:])
-}
+func HashID(id string) string { return wire.HashID(id) }

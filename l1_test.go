@@ -3,10 +3,13 @@ package memolock
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/maypok86/otter/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/memolock/memolock/internal/redistest"
@@ -16,7 +19,7 @@ import (
 func l1Client(t *testing.T, addr, tag string) *testClient {
 	t.Helper()
 	c := newTestClient(t, addr, tag, &Options{L1Size: 1000})
-	eventually(t, 5*time.Second, "tracking to be live", func() bool { return c.l1.live() })
+	eventually(t, 5*time.Second, "tracking to be live", func() bool { return c.e.L1Live() })
 	return c
 }
 
@@ -67,20 +70,27 @@ func TestL1_PromotedEntryKeepsTheRemainingTTL(t *testing.T) {
 	b := realBackend(t)
 	c := l1Client(t, b.addr, "ttl")
 	raw := rawClient(t, b.addr)
-	raw.Set(bg(), "ttl:k", "short-lived", 400*time.Millisecond)
-	time.Sleep(200 * time.Millisecond) // about 200ms left in Redis
+	const ttl = 5 * time.Second
+	raw.Set(bg(), "ttl:k", "short-lived", ttl)
+	time.Sleep(time.Second) // so that what Redis has left is well below the TTL set
+	// At most what Redis has left when memolock reads it, later.
+	left := raw.PTTL(bg(), "ttl:k").Val()
 	eventually(t, 5*time.Second, "the value to reach the L1", func() bool {
 		_, s := served(t, c, "k", noFetch)
 		return s == ServedL1
 	})
-	e, ok := c.l1.cache.GetEntry("k")
+	_, _, got, ok := c.e.L1Entry("k")
 	if !ok {
 		t.Fatal("no L1 entry")
 	}
-	if left := e.ExpiresAfter(); left > 250*time.Millisecond {
-		t.Errorf("L1 entry expires after %v; Redis had about 200ms left", left)
+	if got > left {
+		t.Fatalf("L1 entry expires after %v; Redis had at most %v left of the %v it was set for", got, left, ttl)
 	}
-	time.Sleep(300 * time.Millisecond)
+	// Once the entry's time is up, and the value is gone from Redis, the
+	// next Get computes.
+	_, _, got, _ = c.e.L1Entry("k")
+	time.Sleep(got)
+	eventually(t, 10*time.Second, "the value to expire in Redis", func() bool { return raw.Exists(bg(), "ttl:k").Val() == 0 })
 	var calls atomic.Int64
 	if v, s := served(t, c, "k", constFetch(&calls, "again", 0)); v != "again" || s != ServedComputed {
 		t.Errorf("after expiry: %q, %v; want a new computation", v, s)
@@ -106,8 +116,8 @@ func TestL1_WriteFromOutsideDropsTheEntryEverywhere(t *testing.T) {
 			v, _ := served(t, c, "k", noFetch)
 			return v == "new"
 		})
-		if _, _, ok := c.l1.get("k"); ok {
-			if v, _, _ := c.l1.get("k"); string(v) != "new" {
+		if v, _, _, ok := c.e.L1Entry("k"); ok {
+			if string(v) != "new" {
 				t.Errorf("client %d's L1 holds %q", i+1, v)
 			}
 		}
@@ -129,14 +139,14 @@ func TestL1_FlushedWhenTheTrackingConnectionIsKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 5*time.Second, "the L1 to be flushed", func() bool {
-		_, _, ok := c.l1.get("k")
+		_, _, _, ok := c.e.L1Entry("k")
 		return !ok
 	})
 	raw.Set(bg(), "kill:k", "new", 0)
 	if v, _ := served(t, c, "k", noFetch); v != "new" {
 		t.Errorf("after the kill: %q", v)
 	}
-	eventually(t, 5*time.Second, "tracking to be live again", func() bool { return c.l1.live() })
+	eventually(t, 5*time.Second, "tracking to be live again", func() bool { return c.e.L1Live() })
 	eventually(t, 5*time.Second, "the new value to reach the L1", func() bool {
 		v, s := served(t, c, "k", noFetch)
 		return s == ServedL1 && v == "new"
@@ -176,7 +186,7 @@ func TestL1_DeleteAndSetDropTheEntryAtOnce(t *testing.T) {
 func TestL1_WithoutTrackingStaysEmpty(t *testing.T) {
 	b := miniBackend(t)
 	c := newTestClient(t, b.addr, "mini", &Options{L1Size: 100})
-	eventually(t, 5*time.Second, "the refusal to be seen", func() bool { return c.l1.refused.Load() })
+	eventually(t, 5*time.Second, "the refusal to be seen", func() bool { return c.e.L1Refused() })
 	var calls atomic.Int64
 	for i := range 20 {
 		v, s := served(t, c, "k", constFetch(&calls, "v", 0))
@@ -219,7 +229,7 @@ func BenchmarkL1Hit(b *testing.B) {
 	srv := realBackend(b)
 	c := newTestClient(b, srv.addr, "bench-l1", &Options{L1Size: 1000})
 	deadline := time.Now().Add(5 * time.Second)
-	for !c.l1.live() && time.Now().Before(deadline) {
+	for !c.e.L1Live() && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
 	ctx := context.Background()
@@ -242,9 +252,13 @@ func BenchmarkL1Hit(b *testing.B) {
 		}
 	})
 	b.Run("otter", func(b *testing.B) {
+		// A bare otter cache of the same size, as the floor.
+		bare := otter.Must(&otter.Options[string, []byte]{MaximumSize: 1000})
+		defer bare.StopAllGoroutines()
+		bare.Set("k", []byte("v"))
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, ok := c.l1.cache.GetIfPresent("k"); !ok {
+			if _, ok := bare.GetIfPresent("k"); !ok {
 				b.Fatal("not in otter")
 			}
 		}
@@ -305,7 +319,7 @@ func TestL1_RefusedInvalidationChannelKeepsTheL1Empty(t *testing.T) {
 	c := aclClient(t, srv, "acl", &Options{L1Size: 100}, "~*", "resetchannels", "&acl/*")
 	raw := rawClient(t, srv.Addr)
 	raw.Set(bg(), "acl:k", "old", 0)
-	eventually(t, 5*time.Second, "the refusal to be seen", func() bool { return c.l1.refused.Load() })
+	eventually(t, 5*time.Second, "the refusal to be seen", func() bool { return c.e.L1Refused() })
 	for range 20 {
 		if _, s := served(t, c, "k", noFetch); s == ServedL1 {
 			t.Fatal("served from an L1 that gets no invalidations")
@@ -315,5 +329,148 @@ func TestL1_RefusedInvalidationChannelKeepsTheL1Empty(t *testing.T) {
 	raw.Set(bg(), "acl:k", "new", 0)
 	if v, _ := served(t, c, "k", noFetch); v != "new" {
 		t.Errorf("after an outside write: %q", v)
+	}
+}
+
+// While a dependency fails, the stale copy put back in Redis is served from
+// the L1 too, flagged stale, without a trip to Redis per read.
+func TestL1_ServesStaleCopiesFlaggedStale(t *testing.T) {
+	b := realBackend(t)
+	writer := newTestClient(t, b.addr, "l1s", &Options{StaleTTL: time.Minute, ResurrectTTL: 30 * time.Second})
+	reader := newTestClientOn(t, &redis.Options{Addr: b.addr}, "l1s", &Options{StaleTTL: time.Minute, ResurrectTTL: 30 * time.Second, L1Size: 100})
+	eventually(t, 5*time.Second, "tracking to be live", func() bool { return reader.e.L1Live() })
+	if err := writer.Set(bg(), "k", []byte("old"), time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	raw := rawClient(t, b.addr)
+	eventually(t, 5*time.Second, "the value to expire", func() bool { return raw.Exists(bg(), "l1s:k").Val() == 0 })
+	var calls atomic.Int64
+	if r, err := writer.GetResult(bg(), "k", failingFetch(&calls, "db down")); err != nil || r.Served != ServedStale {
+		t.Fatalf("the failing fetch: %+v, %v; want the stale copy", r, err)
+	}
+	eventually(t, 5*time.Second, "the stale copy to reach the reader's L1", func() bool {
+		r, err := reader.GetResult(bg(), "k", failingFetch(&calls, "db down"))
+		if err != nil || string(r.Value) != "old" || r.Served != ServedStale {
+			t.Fatalf("reader: %+v, %v; want the stale copy, flagged stale", r, err)
+		}
+		_, _, _, ok := reader.e.L1Entry("k")
+		return ok
+	})
+	before := reader.commands.n.Load()
+	for range 20 {
+		if r, err := reader.GetResult(bg(), "k", failingFetch(&calls, "db down")); err != nil || string(r.Value) != "old" || r.Served != ServedStale {
+			t.Fatalf("reader: %+v, %v; want the stale copy, flagged stale", r, err)
+		}
+	}
+	if n := reader.commands.n.Load() - before; n != 0 {
+		t.Errorf("20 stale reads sent %d commands to Redis; want 0 (served from the L1)", n)
+	}
+	// A fresh value replaces the stale one everywhere.
+	if err := writer.Set(bg(), "k", []byte("new"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the fresh value to reach the reader", func() bool {
+		r, err := reader.GetResult(bg(), "k", failingFetch(&calls, "db down"))
+		return err == nil && string(r.Value) == "new" && r.Served != ServedStale
+	})
+}
+
+// With L1Wait, the L1 is ready when New returns: its first reads can be L1
+// hits.
+func TestL1_WaitMakesTheL1ReadyWhenNewReturns(t *testing.T) {
+	b := realBackend(t)
+	c := newTestClient(t, b.addr, "l1w", &Options{L1Size: 100, L1Wait: 5 * time.Second})
+	if !c.e.L1Live() {
+		t.Fatal("New returned before the L1's tracking was live")
+	}
+	rawClient(t, b.addr).Set(bg(), "l1w:k", "v", time.Minute)
+	if _, s := served(t, c, "k", noFetch); s != ServedRedis {
+		t.Fatalf("first read served %v; want redis", s)
+	}
+	eventually(t, 5*time.Second, "the value to reach the L1", func() bool {
+		_, s := served(t, c, "k", noFetch)
+		return s == ServedL1
+	})
+}
+
+// A refused L1 is visible: New fails with L1Wait, and without it the
+// refusal is counted (and logged).
+func TestL1_RefusalIsVisible(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Do(t, "ACL", "SETUSER", "app", "on", ">pw", "+@all", "~*", "resetchannels", "&acl/*")
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "app", Password: "pw"})
+	defer rdb.Close()
+	_, err := New(rdb, "acl", &Options{L1Size: 100, L1Wait: 5 * time.Second})
+	if !errors.Is(err, ErrRedis) || !strings.Contains(err.Error(), "L1") {
+		t.Errorf("New with L1Wait, the invalidation channel refused: %v; want an error wrapping ErrRedis about the L1", err)
+	}
+	h := newLogCapture()
+	c := aclClient(t, srv, "acl", &Options{L1Size: 100, Logger: h.logger()}, "~*", "resetchannels", "&acl/*")
+	eventually(t, 5*time.Second, "the refusal to be counted", func() bool { return c.Stats().L1Refusals > 0 })
+	if len(h.matching(slog.LevelWarn, "refused")) == 0 {
+		t.Error("the refusal was not logged")
+	}
+}
+
+func TestL1_WaitNeedsAnL1(t *testing.T) {
+	b := miniBackend(t)
+	rdb := redis.NewClient(&redis.Options{Addr: b.addr})
+	defer rdb.Close()
+	for _, o := range []*Options{{L1Wait: time.Second}, {L1Size: 10, L1Wait: -time.Second}} {
+		if _, err := New(rdb, "t", o); !errors.Is(err, ErrInvalid) {
+			t.Errorf("New(%+v) = %v; want ErrInvalid", o, err)
+		}
+	}
+}
+
+// A value this process computed enters its own L1, without a read of
+// Redis, once its store's invalidation has come back; a write by anyone
+// after it still drops it.
+func TestL1_OwnComputedValueEntersTheL1(t *testing.T) {
+	b := realBackend(t)
+	c := newTestClient(t, b.addr, "l1o", &Options{L1Size: 100, L1Wait: 5 * time.Second})
+	var calls atomic.Int64
+	if v, s := served(t, c, "k", constFetch(&calls, "mine", 0)); v != "mine" || s != ServedComputed {
+		t.Fatalf("first Get: %q, %v", v, s)
+	}
+	eventually(t, 5*time.Second, "the computed value to reach the L1", func() bool {
+		_, _, _, ok := c.e.L1Entry("k")
+		return ok
+	})
+	before := c.commands.n.Load()
+	if v, s := served(t, c, "k", noFetch); v != "mine" || s != ServedL1 {
+		t.Errorf("second Get: %q, %v; want the computed value from the L1", v, s)
+	}
+	if n := c.commands.n.Load() - before; n != 0 {
+		t.Errorf("an L1 hit sent %d commands", n)
+	}
+	rawClient(t, b.addr).Set(bg(), "l1o:k", "theirs", time.Minute)
+	eventually(t, 5*time.Second, "the outside write to drop it", func() bool {
+		v, _ := served(t, c, "k", noFetch)
+		return v == "theirs"
+	})
+}
+
+// A value read from Redis enters the L1 from the lookup's own reply, which
+// brings its TTL: the very next read is an L1 hit, and no PTTL is sent.
+func TestL1_LookupReplyBringsTheTTL(t *testing.T) {
+	b := realBackend(t)
+	c := newTestClient(t, b.addr, "l1r", &Options{L1Size: 100, L1Wait: 5 * time.Second})
+	rawClient(t, b.addr).Set(bg(), "l1r:k", "v", time.Minute)
+	if _, err := c.Get(bg(), "warm", noFetch); err == nil { // load the script
+		t.Fatal("warm-up: fetch should have been refused")
+	}
+	before := c.commands.n.Load()
+	if v, s := served(t, c, "k", noFetch); v != "v" || s != ServedRedis {
+		t.Fatalf("first read: %q, %v", v, s)
+	}
+	if v, s := served(t, c, "k", noFetch); v != "v" || s != ServedL1 {
+		t.Errorf("the read right after: %q, %v; want an L1 hit", v, s)
+	}
+	if n := c.commands.n.Load() - before; n != 1 {
+		t.Errorf("two reads sent %d commands; want 1, the lookup (no PTTL)", n)
+	}
+	if _, _, left, ok := c.e.L1Entry("k"); !ok || left > time.Minute || left < 50*time.Second {
+		t.Errorf("L1 entry: present %v, %v left; want about a minute", ok, left)
 	}
 }

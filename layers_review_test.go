@@ -84,7 +84,9 @@ func TestStale_NoCopyServedAfterDelete(t *testing.T) {
 	started := make(chan struct{}, 1)
 	release := make(chan struct{})
 	defer close(release)
-	ctx, cancel := context.WithTimeout(bg(), 1500*time.Millisecond)
+	// The caller gives up once the flight, after Delete, computes: not on
+	// a clock that a slow machine could run out before Delete.
+	ctx, cancel := context.WithTimeout(bg(), time.Minute)
 	defer cancel()
 	got := make(chan Result, 1)
 	go func() {
@@ -102,6 +104,7 @@ func TestStale_NoCopyServedAfterDelete(t *testing.T) {
 		t.Fatal("Delete left the stale copy")
 	}
 	<-started // the flight looked again and now computes
+	cancel()
 	r := <-got
 	if string(r.Value) == "old" {
 		t.Errorf("after Delete, the caller got the deleted stale value: %+v", r)
@@ -119,6 +122,7 @@ func TestRefreshAhead_WindowOverHalfTheTTLDoesNotRefreshEachGet(t *testing.T) {
 		calls.Add(1)
 		return []byte("v"), time.Second, nil
 	}
+	start := time.Now()
 	if _, err := c.Get(bg(), "k", fetch); err != nil {
 		t.Fatal(err)
 	}
@@ -128,8 +132,11 @@ func TestRefreshAhead_WindowOverHalfTheTTLDoesNotRefreshEachGet(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // let the refresh finish
 	}
-	if n := calls.Load(); n > 3 {
-		t.Errorf("fetch ran %d times for 21 Gets within one 1s TTL", n)
+	// One fetch per 1s TTL the Gets took (one, unless the machine is
+	// slow), and one more for a TTL cut short: not one per Get.
+	took := time.Since(start)
+	if n, most := calls.Load(), 2+int64(took/time.Second); n > most {
+		t.Errorf("fetch ran %d times for 21 Gets in %v, with a 1s TTL; want at most %d", n, took, most)
 	}
 }
 
@@ -185,7 +192,9 @@ func TestRefreshAhead_CloseCancelsTheRefresh(t *testing.T) {
 	<-started
 	t0 := time.Now()
 	_ = c.Close()
-	if d := time.Since(t0); d > 2*time.Second {
+	// Close gives Redis about a second; a refresh it failed to cancel
+	// would hold it until the test ends.
+	if d := time.Since(t0); d > 10*time.Second {
 		t.Errorf("Close took %v", d)
 	}
 	if h := raw.Get(bg(), "rvcr/lock:k").Val(); h != "" {
@@ -234,7 +243,7 @@ func TestRefreshAhead_FailingRefreshIsNotRetriedBeforeExpiry(t *testing.T) {
 	if n := calls.Load(); n > 5 {
 		t.Errorf("a failing dependency was called %d times in 500ms by refreshes of one key", n)
 	}
-	eventually(t, time.Second, "refreshes to end", func() bool { return c.Stats().Fetches == calls.Load() })
+	eventually(t, 10*time.Second, "refreshes to end", func() bool { return c.Stats().Fetches == calls.Load() })
 	if r := c.Stats().Refreshes; r != 0 {
 		t.Errorf("Stats.Refreshes = %d, though no value was refreshed (every refresh failed)", r)
 	}

@@ -3,6 +3,7 @@ package memolock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/memolock/memolock/internal/redistest"
+	"github.com/memolock/memolock/internal/wire"
 )
 
 // logLine is one record a client logged.
@@ -112,7 +114,7 @@ func (h *logCapture) matching(level slog.Level, text string) []logLine {
 // text, and returns it.
 func logged(t *testing.T, h *logCapture, level slog.Level, text string) logLine {
 	t.Helper()
-	eventually(t, 5*time.Second, level.String()+" line "+quote(text), func() bool { return len(h.matching(level, text)) > 0 })
+	eventually(t, 5*time.Second, level.String()+" line "+wire.Quote(text), func() bool { return len(h.matching(level, text)) > 0 })
 	got := h.matching(level, text)
 	if len(got) != 1 {
 		t.Errorf("%d %s lines %q; want 1: %v", len(got), level, text, got)
@@ -215,14 +217,37 @@ func TestLogs_StaleServedWarns(t *testing.T) {
 	wantAttrs(t, l, map[string]string{"tag": "lst", "id": "k", "error": "db down"})
 }
 
+// A dependency that fails takes every id with it: serving 50 ids stale
+// logs one line per tag, not one per id.
+func TestLogs_StaleServedIsOneLinePerTagNotPerID(t *testing.T) {
+	b := realBackend(t)
+	h := newLogCapture()
+	c := newTestClient(t, b.addr, "lsq", &Options{StaleTTL: time.Minute, Logger: h.logger()})
+	raw := rawClient(t, b.addr)
+	for i := range 50 {
+		if err := c.Set(bg(), fmt.Sprint(i), []byte("old"), time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 5*time.Second, "the values to expire", func() bool { return raw.Exists(bg(), "lsq:49").Val() == 0 })
+	var calls atomic.Int64
+	for i := range 50 {
+		if r, err := c.GetResult(bg(), fmt.Sprint(i), failingFetch(&calls, "db down")); err != nil || r.Served != ServedStale {
+			t.Fatalf("Get = %+v, %v; want stale", r, err)
+		}
+	}
+	if n := len(h.matching(slog.LevelWarn, "stale value")); n != 1 {
+		t.Errorf("%d lines for 50 ids served stale within seconds; want 1", n)
+	}
+}
+
 // Taking over the lock of a holder that went silent is information.
 func TestLogs_TakeoverInfo(t *testing.T) {
 	b := realBackend(t)
 	h := newLogCapture()
 	c := newTestClient(t, b.addr, "lto", &Options{LockTTL: 300 * time.Millisecond, Logger: h.logger()})
-	rawClient(t, b.addr).Set(bg(), "lto/lock:k", "vanished-holder", 300*time.Millisecond)
 	var calls atomic.Int64
-	if r, err := c.GetResult(bg(), "k", constFetch(&calls, "v", 0)); err != nil || r.Served != ServedComputed {
+	if r, err := takeOverVanished(t, c, rawClient(t, b.addr), "lto/lock:k", "k", constFetch(&calls, "v", 0)); err != nil || r.Served != ServedComputed {
 		t.Fatalf("Get = %+v, %v; want computed after a takeover", r, err)
 	}
 	l := logged(t, h, slog.LevelInfo, "took over")
@@ -256,7 +281,7 @@ func TestLogs_NoLinePerCall(t *testing.T) {
 	redisLog, l1Log := newLogCapture(), newLogCapture()
 	plain := newTestClient(t, b.addr, "lnl", &Options{Logger: redisLog.logger()})
 	cached := newTestClient(t, b.addr, "lnl", &Options{L1Size: 100, Logger: l1Log.logger()})
-	eventually(t, 5*time.Second, "tracking to be live", func() bool { return cached.l1.live() })
+	eventually(t, 5*time.Second, "tracking to be live", func() bool { return cached.e.L1Live() })
 	if err := plain.Set(bg(), "k", []byte("v"), time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -329,8 +354,7 @@ func TestLogs_NeverTheValueOrThePassword(t *testing.T) {
 	}
 	restore()
 	// A takeover.
-	admin.Set(bg(), "lpw/lock:taken", "vanished-holder", 300*time.Millisecond)
-	if _, err := c.Get(bg(), "taken", valueFetch); err != nil {
+	if _, err := takeOverVanished(t, c, admin, "lpw/lock:taken", "taken", valueFetch); err != nil {
 		t.Fatal(err)
 	}
 	// A pub/sub reconnect.

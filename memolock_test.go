@@ -593,12 +593,19 @@ func TestGet_ExternalProducerFailureReportedWithToken(t *testing.T) {
 	b := miniBackend(t)
 	c := newTestClient(t, b.addr, "job", &Options{LockTTL: 30 * time.Second})
 	raw := rawClient(t, b.addr)
-	ctx, cancel := context.WithTimeout(bg(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 	defer cancel()
-	_, err := c.GetExternal(ctx, "j", func(ctx context.Context, l *Lease) error {
+	_, err := c.GetExternal(ctx, "j", func(_ context.Context, l *Lease) error {
 		tok := l.Token()
 		go func() {
-			time.Sleep(50 * time.Millisecond)
+			// Once the winner listens: an event published before its
+			// subscription took effect is lost.
+			for raw.PubSubNumSub(bg(), "job/lock-event:j").Val()["job/lock-event:j"] < 1 {
+				if ctx.Err() != nil {
+					return
+				}
+				time.Sleep(time.Millisecond)
+			}
 			raw.Publish(bg(), "job/lock-event:j", "fail\n"+tok+"\nconverter crashed")
 		}()
 		return nil
@@ -730,10 +737,13 @@ func TestClose_WhileThousandsOfGetsAreInFlight(t *testing.T) {
 	c := newTestClient(t, b.addr, "busy", nil)
 	raw := rawClient(t, b.addr)
 	raw.Set(bg(), "busy:hit", "v", time.Minute)
-	raw.Set(bg(), "busy/lock:held", "someone", time.Minute)
+	// Held elsewhere far longer than the bounds below: a waiter that Close
+	// failed to wake would only look again when this lock expires.
+	raw.Set(bg(), "busy/lock:held", "someone", 10*time.Minute)
+	const goroutines = 2000
 	var wg sync.WaitGroup
-	var values, closed atomic.Int64
-	for i := range 2000 {
+	var values, closed, toHeld atomic.Int64
+	for i := range goroutines {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -743,6 +753,9 @@ func TestClose_WhileThousandsOfGetsAreInFlight(t *testing.T) {
 				id := []string{"hit", fmt.Sprint("miss-", i, "-", j), "held"}[j%3]
 				if i%2 == 0 && id == "held" {
 					id = "hit"
+				}
+				if id == "held" {
+					toHeld.Add(1)
 				}
 				v, err := c.Get(bg(), id, constFetch(new(atomic.Int64), "v", time.Millisecond))
 				switch {
@@ -760,7 +773,18 @@ func TestClose_WhileThousandsOfGetsAreInFlight(t *testing.T) {
 			}
 		}()
 	}
-	eventually(t, 10*time.Second, "Gets to be under way", func() bool { return values.Load() > 4000 })
+	// Under way: every goroutine of the parking half has had its two
+	// values and gone to the held lock, whose flight waits, while the
+	// other half still hits and misses. However slowly goroutines run,
+	// Close then meets all three kinds of Get.
+	eventually(t, time.Minute, "Gets of every kind to be under way", func() bool {
+		return toHeld.Load() == goroutines/2 && c.Stats().Waits > 0
+	})
+	// Close waits for Redis at most about a second (closeWait); the bound
+	// tells that from a Close, or callers, stuck until the held lock expires
+	// (10 minutes) or for ever, however loaded the machine.
+	const bound = 30 * time.Second
+	deadline := time.Now().Add(bound)
 	done := make(chan struct{})
 	go func() {
 		var cw sync.WaitGroup
@@ -773,12 +797,18 @@ func TestClose_WhileThousandsOfGetsAreInFlight(t *testing.T) {
 	}()
 	select {
 	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Close did not return")
+	case <-time.After(time.Until(deadline)):
+		t.Fatalf("Close did not return within %v", bound)
 	}
-	wg.Wait()
-	if closed.Load() != 2000 {
-		t.Errorf("%d of 2000 goroutines saw ErrClosed", closed.Load())
+	returned := make(chan struct{})
+	go func() { wg.Wait(); close(returned) }()
+	select {
+	case <-returned:
+	case <-time.After(time.Until(deadline)):
+		t.Fatalf("%d of %d goroutines still in Get %v after Close began", goroutines-closed.Load(), goroutines, bound)
+	}
+	if closed.Load() != goroutines {
+		t.Errorf("%d of %d goroutines saw ErrClosed", closed.Load(), goroutines)
 	}
 	if n := raw.Exists(bg(), "busy/lock:held").Val(); n != 1 {
 		t.Error("Close released a lock it did not hold")

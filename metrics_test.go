@@ -15,6 +15,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/memolock/memolock/internal/engine"
 	"github.com/memolock/memolock/internal/redistest"
 )
 
@@ -75,12 +76,12 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// eachPoint calls fn with every data point of memolock's scope: a
+// eachPoint calls fn with every data point of memolock's engine.Scope: a
 // counter's or gauge's value, or a histogram's count.
 func eachPoint(t testing.TB, rm metricdata.ResourceMetrics, fn func(name string, attrs attribute.Set, value int64, count uint64)) {
 	t.Helper()
 	for _, sm := range rm.ScopeMetrics {
-		if sm.Scope.Name != scope {
+		if sm.Scope.Name != engine.Scope {
 			continue
 		}
 		for _, m := range sm.Metrics {
@@ -194,7 +195,7 @@ var (
 func TestMetrics_GetsCountEachAnswerByHowItWasServed(t *testing.T) {
 	b := realBackend(t)
 	c, reader := meteredClient(t, b.addr, "mg", Options{L1Size: 100})
-	eventually(t, 5*time.Second, "tracking to be live", func() bool { return c.l1.live() })
+	eventually(t, 5*time.Second, "tracking to be live", func() bool { return c.e.L1Live() })
 	want := map[[2]string]int64{}
 	var calls atomic.Int64
 
@@ -202,8 +203,11 @@ func TestMetrics_GetsCountEachAnswerByHowItWasServed(t *testing.T) {
 		t.Fatalf("first Get: %+v, %v; want computed", r, err)
 	}
 	want[[2]string{"computed", "value"}]++
+	// A value this process computed enters its L1 at once; one written
+	// elsewhere is read from Redis first.
+	rawClient(t, b.addr).Set(bg(), "mg:r", "v", 0)
 	eventually(t, 5*time.Second, "the value to reach the L1", func() bool {
-		r, err := c.GetResult(bg(), "k", noFetch)
+		r, err := c.GetResult(bg(), "r", noFetch)
 		if err != nil || (r.Served != ServedRedis && r.Served != ServedL1) {
 			t.Fatalf("Get of a stored value: %+v, %v", r, err)
 		}
@@ -255,6 +259,10 @@ func TestMetrics_GetsCountEachAnswerByHowItWasServed(t *testing.T) {
 	}
 	if got := sum(rm, "memolock.gets", attr("tag", "mg")); got != total {
 		t.Errorf("gets = %d in all, want %d", got, total)
+	}
+	// Stats.Gets counts the same answers, L1 hits included.
+	if st := c.Stats(); st.Gets != total || st.L1Hits != want[[2]string{"l1", "value"}] {
+		t.Errorf("Stats: Gets %d, L1Hits %d; want %d and %d, as memolock.gets counts", st.Gets, st.L1Hits, total, want[[2]string{"l1", "value"}])
 	}
 	for _, k := range [][2]string{{"computed", "value"}, {"redis", "value"}, {"computed", "not_found"}, {"none", "error"}} {
 		timed := want[k]
@@ -479,7 +487,7 @@ func TestMetrics_FetchFailureReasonsNeverGoNegative(t *testing.T) {
 	}
 	// The late panic is recovered (and counted) after Get returned, once
 	// fetch's goroutine ends; nothing else runs a fetch meanwhile.
-	c.callbacks.Wait()
+	c.e.WaitIdle(time.Minute)
 	rm := collect(t, reader, "mfn")
 	var total int64
 	for _, reason := range []string{"error", "panic", "timeout"} {
@@ -503,9 +511,8 @@ func TestMetrics_FetchFailureReasonsNeverGoNegative(t *testing.T) {
 func TestMetrics_TakeoverAfterTheHolderVanishes(t *testing.T) {
 	b := realBackend(t)
 	c, reader := meteredClient(t, b.addr, "mt", Options{LockTTL: 300 * time.Millisecond})
-	rawClient(t, b.addr).Set(bg(), "mt/lock:k", "vanished-holder", 300*time.Millisecond)
 	var calls atomic.Int64
-	if r, err := c.GetResult(bg(), "k", constFetch(&calls, "v", 0)); err != nil || r.Served != ServedComputed {
+	if r, err := takeOverVanished(t, c, rawClient(t, b.addr), "mt/lock:k", "k", constFetch(&calls, "v", 0)); err != nil || r.Served != ServedComputed {
 		t.Fatalf("Get = %+v, %v; want computed after a takeover", r, err)
 	}
 	rm := collect(t, reader, "mt")
@@ -836,11 +843,12 @@ func TestMetrics_FetchFailureReasonsOnlyGrowUnderConcurrentCollection(t *testing
 				return
 			default:
 			}
-			err := fmt.Errorf("%w: boom", ErrFetchPanicked)
-			if i%2 == 0 {
-				err = errors.New("plain")
-			}
-			c.fetchFailed(fetchResult{err: err})
+			_, _ = c.Get(bg(), "k", func(context.Context, *Lease) ([]byte, time.Duration, error) {
+				if i%2 == 0 {
+					return nil, 0, errors.New("plain")
+				}
+				panic("boom")
+			})
 		}
 	}()
 	last := map[string]int64{}
@@ -890,12 +898,7 @@ func TestMetrics_BatchPanicCountsAsPanic(t *testing.T) {
 
 // totalCalls is every answer c counted.
 func totalCalls(c *Client) int64 {
-	var n int64
-	for s := range servedKinds {
-		for o := range outcomes {
-			n += c.stats.calls[s][o].Load()
-		}
-	}
+	_, n := c.e.AnswerCounts()
 	return n
 }
 
@@ -912,7 +915,7 @@ func (h *closeOnMGET) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			h.once.Do(func() {
 				c := h.c.Load()
 				go c.Close()
-				for !c.closingNow() {
+				for !c.e.Closing() {
 					time.Sleep(time.Millisecond)
 				}
 			})
@@ -963,20 +966,24 @@ func TestMetrics_GetManyIdsRefusedAtCloseAreCounted(t *testing.T) {
 	}
 }
 
-// slowLookup holds every script call back, so that Close lands while a
-// lookup is out.
-type slowLookup struct{}
+// slowLookup holds every script call back until released, so that Close
+// lands while a lookup is out; out is closed when the first one is.
+type slowLookup struct {
+	out, release chan struct{}
+	once         sync.Once
+}
 
-func (slowLookup) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (slowLookup) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h *slowLookup) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *slowLookup) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if n := cmd.Name(); n == "evalsha" || n == "eval" {
-			time.Sleep(150 * time.Millisecond)
+			h.once.Do(func() { close(h.out) })
+			<-h.release
 		}
 		return next(ctx, cmd)
 	}
 }
-func (slowLookup) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h *slowLookup) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
 
@@ -988,7 +995,8 @@ func TestMetrics_CloseDuringAnInlineHitCountsWhatTheCallerGot(t *testing.T) {
 	rawClient(t, b.addr).Set(bg(), "cih:x", "v", time.Minute)
 	rdb := redis.NewClient(&redis.Options{Addr: b.addr})
 	defer rdb.Close()
-	rdb.AddHook(slowLookup{})
+	slow := &slowLookup{out: make(chan struct{}), release: make(chan struct{})}
+	rdb.AddHook(slow)
 	c, err := New(rdb, "cih", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -998,17 +1006,25 @@ func TestMetrics_CloseDuringAnInlineHitCountsWhatTheCallerGot(t *testing.T) {
 		_, err := c.GetResult(bg(), "x", func(context.Context, *Lease) ([]byte, time.Duration, error) { return []byte("f"), time.Minute, nil })
 		got <- err
 	}()
-	eventually(t, 5*time.Second, "the lookup under way", func() bool { return c.Stats().Gets == 1 })
-	_ = c.Close()
+	<-slow.out // the lookup is under way
+	closed := make(chan struct{})
+	go func() {
+		_ = c.Close()
+		close(closed)
+	}()
+	eventually(t, 5*time.Second, "Close to begin", func() bool { return c.e.Closing() })
+	close(slow.release)
+	<-closed
 	err = <-got
 	if err != nil && !errors.Is(err, ErrClosed) {
 		t.Fatalf("the caller got %v", err)
 	}
-	served, o := ServedRedis, gotValue
+	answer := "redis/value"
 	if err != nil {
-		served, o = 0, gotError
+		answer = "none/error"
 	}
-	if n := c.stats.calls[served][o].Load(); n != 1 || totalCalls(c) != 1 {
-		t.Errorf("the caller got err=%v; counts: that answer %d, in all %d", err, n, totalCalls(c))
+	counts, total := c.e.AnswerCounts()
+	if n := counts[answer]; n != 1 || total != 1 {
+		t.Errorf("the caller got err=%v; counts: that answer %d, in all %d", err, n, total)
 	}
 }

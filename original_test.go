@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memolock/memolock/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -140,9 +141,11 @@ func TestOriginalCSharpPeer_FailedHolderIsTakenOverAtLockExpiry(t *testing.T) {
 	b := realBackend(t)
 	c := newTestClient(t, b.addr, "csf", nil)
 	raw := rawClient(t, b.addr)
+	// Before the lock is set: the lock cannot expire sooner than 300ms
+	// after t0, however long this goroutine waits between the two.
+	t0 := time.Now()
 	raw.SetNX(bg(), "csf/lock:k", "8d3e0f0a-csharp-guid", 300*time.Millisecond)
 	var calls atomic.Int64
-	t0 := time.Now()
 	v, err := c.Get(bg(), "k", constFetch(&calls, "taken over", 0))
 	if err != nil || string(v) != "taken over" || calls.Load() != 1 {
 		t.Fatalf("Get = %q, %v, %d fetches", v, err, calls.Load())
@@ -276,7 +279,7 @@ func TestStoreScript_ZeroLingerDeletesTheLock(t *testing.T) {
 	b := realBackend(t)
 	raw := rawClient(t, b.addr)
 	raw.Set(bg(), "z/lock:k", "tok", time.Minute)
-	n, err := raw.Eval(bg(), storeSrc, []string{"z:k", "z/lock:k", "z/lock-notfound:k", "z/lock-stale:k"}, "tok", "v", "0", "z/notif:k", "z/lock-event:k", "0").Int()
+	n, err := raw.Eval(bg(), wire.StoreSrc, []string{"z:k", "z/lock:k", "z/lock-notfound:k", "z/lock-stale:k"}, "tok", "v", "0", "z/notif:k", "z/lock-event:k", "0").Int()
 	if err != nil || n != 1 {
 		t.Fatalf("store = %d, %v", n, err)
 	}

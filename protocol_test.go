@@ -4,6 +4,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/memolock/memolock/internal/wire"
 )
 
 func TestProtocolDocQuotesEveryScriptVerbatim(t *testing.T) {
@@ -12,9 +14,9 @@ func TestProtocolDocQuotesEveryScriptVerbatim(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, src := range map[string]string{
-		"acquire": acquireSrc, "store": storeSrc, "release": releaseSrc, "renew": renewSrc,
-		"delete": deleteSrc, "set": setSrc, "peek": peekSrc, "publish": publishSrc,
-		"not_found": notFoundSrc, "resurrect": resurrectSrc,
+		"acquire": wire.AcquireSrc, "store": wire.StoreSrc, "release": wire.ReleaseSrc, "renew": wire.RenewSrc,
+		"delete": wire.DeleteSrc, "set": wire.SetSrc, "peek": wire.PeekSrc, "publish": wire.PublishSrc,
+		"not_found": wire.NotFoundSrc, "resurrect": wire.ResurrectSrc,
 	} {
 		if !strings.Contains(string(doc), "### "+name+"\n") || !strings.Contains(string(doc), "```lua\n"+src+"```") {
 			t.Errorf("interop/PROTOCOL.md does not quote the %s script exactly", name)
@@ -32,7 +34,7 @@ func TestProtocolDocQuotesEveryScriptVerbatim(t *testing.T) {
 			t.Errorf("key scheme name %q is not in interop/PROTOCOL.md", got)
 		}
 	}
-	if eventFail != "fail" || eventAbandon != "abandon" || eventNotFound != "notfound" || eventStale != "stale" {
+	if wire.EventFail != "fail" || wire.EventAbandon != "abandon" || wire.EventNotFound != "notfound" || wire.EventStale != "stale" {
 		t.Error("event kinds changed; update interop/PROTOCOL.md")
 	}
 }

@@ -3,6 +3,9 @@ package memolock
 import (
 	"context"
 	"errors"
+	"time"
+
+	"github.com/memolock/memolock/internal/engine"
 )
 
 // Served tells how a Get was answered.
@@ -52,9 +55,12 @@ type Result struct {
 // matching ErrNotFound comes with how that answer was served.
 func (c *Client) GetResult(ctx context.Context, id string, fetch FetchFunc) (Result, error) {
 	if fetch == nil {
-		return Result{}, errNilFetch
+		return Result{}, c.refused(errNilFetch)
 	}
-	val, served, err := c.do(ctx, id, fetch, nil)
+	val, served, ok, err := c.cached(ctx, id)
+	if !ok {
+		val, served, err = c.get(ctx, id, adaptFetch(fetch), nil)
+	}
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return Result{Served: served}, err
@@ -62,4 +68,12 @@ func (c *Client) GetResult(ctx context.Context, id string, fetch FetchFunc) (Res
 		return Result{}, err
 	}
 	return Result{Value: val, Served: served}, nil
+}
+
+// WithFetchTimeout returns a context that makes Get bound fetch by d,
+// overriding Options.FetchTimeout (0 or less: no limit). It applies to the
+// flight that the call starts; a call that joins a flight already running
+// in this process shares that flight's limit.
+func WithFetchTimeout(ctx context.Context, d time.Duration) context.Context {
+	return engine.WithFetchTimeout(ctx, d)
 }

@@ -16,7 +16,6 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
 
@@ -169,33 +168,6 @@ func TestTracing_FailedFetchAndCoalescedCallers(t *testing.T) {
 	}
 	if f := spansNamed(rec, "memolock.fetch"); len(f) != 1 || f[0].Status().Code != codes.Error {
 		t.Errorf("fetch spans: %d, want 1 with an error status", len(f))
-	}
-}
-
-func TestTracing_TokenCarriesTraceparentOnlyWhenSampled(t *testing.T) {
-	tp := sdktrace.NewTracerProvider()
-	defer func() { _ = tp.Shutdown(bg()) }()
-	_, span := tp.Tracer("t").Start(bg(), "s")
-	defer span.End()
-	tok := flightToken(span)
-	sc, ok := holderSpan(tok)
-	if !ok || sc.TraceID() != span.SpanContext().TraceID() || sc.SpanID() != span.SpanContext().SpanID() {
-		t.Fatalf("token %q does not name its span", tok)
-	}
-	if !strings.HasPrefix(tok, tok[:32]+holderSuffix+"/00-") {
-		t.Errorf("token %q: want <hex>@host:pid/<traceparent>", tok)
-	}
-	never := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
-	_, unsampled := never.Tracer("t").Start(bg(), "s")
-	for _, tok := range []string{flightToken(unsampled), flightToken(nil), flightToken(trace.SpanFromContext(bg()))} {
-		if strings.Contains(tok, "/") {
-			t.Errorf("an unsampled span put a traceparent in token %q", tok)
-		}
-	}
-	for _, tok := range []string{"", "x", "uuid-1234", "a@b:1/garbage", "a@b:1/00-00000000000000000000000000000000-0000000000000000-01"} {
-		if _, ok := holderSpan(tok); ok {
-			t.Errorf("holderSpan(%q) found a span", tok)
-		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/memolock/memolock/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -17,21 +18,10 @@ import (
 //	<tag>/lock-mutex:<HashID(name)>   the holder's token, expiring after the TTL
 //
 // taken with SET NX PX GET and released with the release script (see
-// protocol.go), so that a holder never deletes a lock that has passed to
+// internal/wire/scripts.go), so that a holder never deletes a lock that has passed to
 // somebody else. The key stays out of "<tag>/lock:<id>", which a Get for
 // any id could name, and tags cannot contain "/lock" (see NewKeyScheme),
 // so no key of another tag can name it either, nested tags aside.
-
-// mutex returns the key of the standalone lock called name.
-func (k KeyScheme) mutex(name string) string { return k.tag + "/lock-mutex:" + HashID(name) }
-
-// mutexConn is the Redis connection of a lease that TryLock made. It marks
-// the lease as a standalone lock, which Release may delete, and remembers
-// the TTL that KeepAlive renews it to.
-type mutexConn struct {
-	redis.Scripter
-	ttl time.Duration
-}
 
 // TryLock takes the lock called name for ttl, without waiting: it returns
 // a lease, or an error wrapping ErrBusy that names the holder's token when
@@ -69,20 +59,20 @@ func (c *Client) TryLock(ctx context.Context, name string, ttl time.Duration) (*
 	case name == "":
 		return nil, fmt.Errorf("%w: lock name is empty; pass a name such as \"nightly-report\"", ErrInvalid)
 	case !utf8.ValidString(name):
-		return nil, fmt.Errorf("%w: lock name %s is not valid UTF-8", ErrInvalid, quote(name))
+		return nil, fmt.Errorf("%w: lock name %s is not valid UTF-8", ErrInvalid, wire.Quote(name))
 	case ttl < time.Millisecond:
 		return nil, fmt.Errorf("%w: lock TTL %v is under 1ms; Redis locks are set in whole milliseconds", ErrInvalid, ttl)
 	}
-	if c.closingNow() {
+	if c.e.Closing() {
 		return nil, ErrClosed
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("%w: lock %s: %w", ErrTimeout, quote(name), err)
+		return nil, fmt.Errorf("%w: lock %s: %w", ErrTimeout, wire.Quote(name), err)
 	}
-	if err := c.outage.err(); err != nil {
+	key, token, ttl := c.proto.Keys().Mutex(name), wire.NewToken(), ttl.Truncate(time.Millisecond)
+	if err := c.e.Down(ctx, key); err != nil {
 		return nil, err
 	}
-	key, token, ttl := c.keys.mutex(name), newToken(), ttl.Truncate(time.Millisecond)
 	// GET makes the reply name the holder, with no second round trip.
 	holder, err := c.rdb.Do(ctx, "set", key, token, "nx", "px", ttl.Milliseconds(), "get").Text()
 	switch {
@@ -90,29 +80,12 @@ func (c *Client) TryLock(ctx context.Context, name string, ttl time.Duration) (*
 		// Set, or set by an attempt whose reply was lost and that go-redis
 		// retried.
 	case err != nil:
-		c.outage.report(err)
-		return nil, fmt.Errorf("%w: taking lock %s (%s): %w", ErrRedis, quote(name), key, err)
+		c.e.Report(ctx, key, err)
+		return nil, fmt.Errorf("%w: taking lock %s (%s): %w", ErrRedis, wire.Quote(name), key, err)
 	default:
-		return nil, fmt.Errorf("%w: %s is held by %s", ErrBusy, quote(name), quote(holder))
+		return nil, fmt.Errorf("%w: %s is held by %s", ErrBusy, wire.Quote(name), wire.Quote(holder))
 	}
-	return &Lease{
-		sc:     c.proto.sc,
-		rdb:    mutexConn{Scripter: c.rdb, ttl: ttl},
-		id:     HashID(name),
-		lock:   key,
-		events: key, // a channel nobody needs: Held and Renew report a loss on it
-		token:  token,
-	}, nil
-}
-
-// mutexTTL returns the TTL a lease from TryLock was taken with; false for
-// any other lease.
-func (l *Lease) mutexTTL() (time.Duration, bool) {
-	if l == nil {
-		return 0, false
-	}
-	m, ok := l.rdb.(mutexConn)
-	return m.ttl, ok
+	return &Lease{w: c.proto.Mutex(HashID(name), key, token), mutexTTL: ttl}, nil
 }
 
 // Release deletes the lock if it still holds the lease's token, so that the
@@ -130,25 +103,19 @@ func (l *Lease) mutexTTL() (time.Duration, bool) {
 // fetch or start function, which its Client releases, returns an error
 // wrapping ErrInvalid.
 func (l *Lease) Release(ctx context.Context) error {
-	if _, ok := l.mutexTTL(); !ok {
-		if l == nil {
-			return fmt.Errorf("%w: lease is nil; release the lease that TryLock returned", ErrInvalid)
-		}
-		return fmt.Errorf("%w: lease of %s is not from TryLock; its Client releases it when fetch returns", ErrInvalid, quote(l.id))
+	if l == nil || l.w == nil {
+		return fmt.Errorf("%w: lease is nil or zero; release the lease that TryLock returned", ErrInvalid)
+	}
+	if l.mutexTTL == 0 {
+		return fmt.Errorf("%w: lease of %s is not from TryLock; its Client releases it when fetch returns", ErrInvalid, wire.Quote(l.w.ID))
 	}
 	if ctx == nil {
 		return fmt.Errorf("%w: context is nil", ErrInvalid)
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("%w: releasing lock %s: %w", ErrTimeout, l.lock, err)
+		return fmt.Errorf("%w: releasing lock %s: %w", ErrTimeout, l.w.Lock, err)
 	}
-	// The value key is only read with a linger; the lock itself stands in
-	// for it, as a script's keys must share a Redis Cluster slot.
-	err := l.sc.release.Run(ctx, l.rdb, []string{l.lock, l.lock}, l.token, l.events, "", 0).Err()
-	if err != nil {
-		return fmt.Errorf("%w: releasing lock %s: %w", ErrRedis, l.lock, err)
-	}
-	return nil
+	return l.w.ReleaseMutex(ctx)
 }
 
 // Renew makes the lock live at least ttl from now, as Extend does: it never
@@ -175,10 +142,10 @@ func (l *Lease) Renew(ctx context.Context, ttl time.Duration) error {
 // On a nil lease, or the lease of a fetch or start function (whose Client
 // renews it, or whose TTL the lease does not know), KeepAlive does nothing.
 func (l *Lease) KeepAlive(ctx context.Context) (stop func()) {
-	ttl, ok := l.mutexTTL()
-	if !ok || ctx == nil {
+	if l == nil || l.w == nil || l.mutexTTL == 0 || ctx == nil {
 		return func() {}
 	}
+	ttl := l.mutexTTL
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {

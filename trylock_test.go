@@ -12,6 +12,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/memolock/memolock/internal/engine"
 	"github.com/memolock/memolock/internal/redistest"
 )
 
@@ -143,8 +144,9 @@ func TestLease_ReleaseAfterExpiryIsQuietAndSparesTheNewHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ttl := rdb.PTTL(bg(), key).Val(); ttl <= 0 || ttl > 30*time.Millisecond {
-		t.Errorf("PTTL = %v, want (0, 30ms]", ttl)
+	// Gone already (-2) is fine on a loaded machine; no TTL (-1) is not.
+	if ttl := rdb.PTTL(bg(), key).Val(); ttl == -time.Nanosecond || ttl > 30*time.Millisecond {
+		t.Errorf("PTTL = %v, want at most 30ms", ttl)
 	}
 	eventually(t, 5*time.Second, "the lock to expire", func() bool { return rdb.Exists(bg(), key).Val() == 0 })
 	if err := lease.Release(bg()); err != nil {
@@ -226,13 +228,16 @@ func TestLease_KeepAliveHoldsAShortLockUntilStopped(t *testing.T) {
 	b := realBackend(t)
 	c := newTestClient(t, b.addr, "tl", nil)
 	other := newTestClient(t, b.addr, "tl", nil)
-	lease, err := c.TryLock(bg(), "nightly", 300*time.Millisecond)
+	// Renewed every TTL/3: a second leaves the watchdog 600ms of
+	// scheduling delay on a loaded machine before the lock could lapse.
+	const ttl = time.Second
+	lease, err := c.TryLock(bg(), "nightly", ttl)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := lease.KeepAlive(bg())
 	// The job runs over three TTLs; nobody else may get in meanwhile.
-	for end := time.Now().Add(1100 * time.Millisecond); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+	for end := time.Now().Add(3*ttl + 100*time.Millisecond); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 		if l, err := other.TryLock(bg(), "nightly", time.Minute); !errors.Is(err, ErrBusy) {
 			stop()
 			t.Fatalf("TryLock during KeepAlive = %v, %v; want ErrBusy", l, err)
@@ -243,7 +248,7 @@ func TestLease_KeepAliveHoldsAShortLockUntilStopped(t *testing.T) {
 	if held, err := lease.Held(bg()); !held || err != nil {
 		t.Fatalf("after stop: Held = %v, %v; stop must not release", held, err)
 	}
-	eventually(t, 5*time.Second, "the lock to expire once the watchdog stopped", func() bool {
+	eventually(t, 10*time.Second, "the lock to expire once the watchdog stopped", func() bool {
 		_, err := other.TryLock(bg(), "nightly", time.Minute)
 		return err == nil
 	})
@@ -515,8 +520,7 @@ func TestTryLock_RedisDownIsErrRedis(t *testing.T) {
 	if _, err := c.TryLock(bg(), "other", time.Minute); !errors.Is(err, ErrRedis) || errors.Is(err, ErrBusy) {
 		t.Errorf("TryLock with Redis down = %v, want ErrRedis", err)
 	}
-	var unreachable *unreachableError
-	if _, err := c.TryLock(bg(), "other", time.Minute); !errors.As(err, &unreachable) {
+	if _, err := c.TryLock(bg(), "other", time.Minute); !engine.Unreachable(err) {
 		t.Errorf("TryLock during a known outage = %v, want the outage's error at once", err)
 	}
 	if err := lease.Release(bg()); !errors.Is(err, ErrRedis) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/memolock/memolock/internal/engine"
 	"github.com/memolock/memolock/internal/redistest"
 )
 
@@ -444,13 +445,21 @@ func TestGet_StoreFailureReachesWaitersPromptly(t *testing.T) {
 // aclClient makes an ACL user "app" on srv with rules (besides +@all) and
 // returns a test client that logs in as it.
 func aclClient(t *testing.T, srv *redistest.Server, tag string, opts *Options, rules ...string) *testClient {
+	return aclClientTweaked(t, srv, tag, opts, nil, rules...)
+}
+
+func aclClientTweaked(t *testing.T, srv *redistest.Server, tag string, opts *Options, tweak func(*engine.Config), rules ...string) *testClient {
 	t.Helper()
 	args := []any{"ACL", "SETUSER", "app", "on", ">pw", "+@all"}
 	for _, r := range rules {
 		args = append(args, r)
 	}
 	srv.Do(t, args...)
-	return newTestClientOn(t, &redis.Options{Addr: srv.Addr, Username: "app", Password: "pw"}, tag, opts)
+	var tweaks []func(*engine.Config)
+	if tweak != nil {
+		tweaks = append(tweaks, tweak)
+	}
+	return newTestClientOn(t, &redis.Options{Addr: srv.Addr, Username: "app", Password: "pw"}, tag, opts, tweaks...)
 }
 
 // A subscription that Redis refuses (an ACL user without channel
@@ -504,10 +513,10 @@ func TestGet_RefusedChannelDoesNotFailOthersInItsSubscribe(t *testing.T) {
 // in order all the same, so the subscription is live.
 func TestGet_RefusedMarkerPingStillMarks(t *testing.T) {
 	srv := redistest.Start(t)
-	c := aclClient(t, srv, "np", &Options{LockTTL: 30 * time.Second}, "~*", "&*", "-ping")
+	// and probes are refused too
+	c := aclClientTweaked(t, srv, "np", &Options{LockTTL: 30 * time.Second}, pubsubHealth(50*time.Millisecond), "~*", "&*", "-ping")
 	raw := rawClient(t, srv.Addr)
 	raw.Set(bg(), "np/lock:k", "someone", 30*time.Second)
-	c.sub.health = 50 * time.Millisecond // and probes are refused too
 	looks := countLookups(c.rdb, "np:k")
 	got := getAsync(c, bg(), "k", noFetch)
 	parkedAndLive(t, looks, 2)

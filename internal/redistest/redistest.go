@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -93,6 +94,10 @@ func (s *Server) start() error {
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		if s.ping() == nil {
+			if err := s.owned(); err != nil {
+				s.Kill()
+				return err
+			}
 			return nil
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -120,6 +125,40 @@ func (s *Server) ping() error {
 	}
 	if !strings.HasPrefix(line, "+PONG") {
 		return fmt.Errorf("unexpected reply %q", line)
+	}
+	return nil
+}
+
+// owned checks that the server answering on s.Addr is the process s
+// started: between freePort and the server's bind, another test binary
+// (another package's, or a second run on the same machine) may have taken
+// the port, and this server then failed to bind while that one answers.
+func (s *Server) owned() error {
+	c, err := net.DialTimeout("tcp", s.Addr, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte("INFO server\r\n")); err != nil {
+		return err
+	}
+	r := bufio.NewReader(c)
+	head, err := r.ReadString('\n')
+	if err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(head, "$")))
+	if !strings.HasPrefix(head, "$") || err != nil {
+		return fmt.Errorf("INFO server on %s: unexpected reply %q", s.Addr, head)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		return err
+	}
+	want := "process_id:" + strconv.Itoa(s.cmd.Process.Pid) + "\r\n"
+	if !strings.Contains(string(body), want) {
+		return fmt.Errorf("the server on %s is not the one started there (pid %d): the port was taken", s.Addr, s.cmd.Process.Pid)
 	}
 	return nil
 }
@@ -199,8 +238,9 @@ func StartCluster(t testing.TB, n int) []*Server {
 // each with replicas replicas, and a node timeout of 1s so that a killed
 // master fails over within seconds. The masters come first in the result,
 // then the replicas (which replica follows which master is the cluster's
-// choice: ask CLUSTER NODES).
-func StartClusterWithReplicas(t testing.TB, masters, replicas int) []*Server {
+// choice: ask CLUSTER NODES). extra are added to every server's command
+// line.
+func StartClusterWithReplicas(t testing.TB, masters, replicas int, extra ...string) []*Server {
 	t.Helper()
 	n := masters * (1 + replicas)
 	cli, err := exec.LookPath("redis-cli")
@@ -213,7 +253,7 @@ func StartClusterWithReplicas(t testing.TB, masters, replicas int) []*Server {
 	var nodes []*Server
 	args := []string{"--cluster", "create"}
 	for range n {
-		s := Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000")
+		s := Start(t, append([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000"}, extra...)...)
 		nodes = append(nodes, s)
 		args = append(args, s.Addr)
 	}
@@ -241,15 +281,56 @@ func StartClusterWithReplicas(t testing.TB, masters, replicas int) []*Server {
 	return nodes
 }
 
-// Stalled reports whether the server at addr fails to answer a PING within
-// 50ms, as during DEBUG SLEEP.
-func Stalled(addr string) bool {
+// Stall makes the server stall, as a frozen Redis would, until the test
+// ends: it sends DEBUG SLEEP (start the server with
+// --enable-debug-command yes), and returns once a PING has gone a whole
+// second without an answer. The test's cleanup kills the server, which ends
+// the sleep. A stall that outlasts the test, rather than one of a few
+// seconds, never ends early on a loaded machine, so a test can give what it
+// checks all the time it needs.
+func (s *Server) Stall(t testing.TB) {
+	t.Helper()
+	// No read timeout and no retries: go-redis would otherwise give up on
+	// the sleep after ReadTimeout and send it again.
+	sleeper := redis.NewClient(&redis.Options{Addr: s.Addr, Protocol: 2, ReadTimeout: -1, MaxRetries: -1})
+	if err := sleeper.Ping(context.Background()).Err(); err != nil {
+		_ = sleeper.Close()
+		t.Fatalf("redis-server on %s before the stall: %v", s.Addr, err)
+	}
+	slept := make(chan error, 1)
+	go func() { slept <- sleeper.Do(context.Background(), "DEBUG", "SLEEP", stallSeconds).Err() }()
+	t.Cleanup(func() {
+		s.Kill()
+		<-slept // the connection dropped with the server
+		_ = sleeper.Close()
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for !stalledFor(s.Addr, time.Second) {
+		select {
+		case err := <-slept:
+			slept <- err // for the cleanup
+			t.Fatalf("DEBUG SLEEP on %s returned early: %v (start the server with --enable-debug-command yes)", s.Addr, err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redis-server on %s still answers PING 30s after DEBUG SLEEP", s.Addr)
+		}
+	}
+}
+
+// stallSeconds is how long Stall's DEBUG SLEEP lasts: longer than any test.
+const stallSeconds = 3600
+
+// stalledFor reports whether the server at addr leaves a PING unanswered
+// for d, as during DEBUG SLEEP. A short d can mistake a busy machine for a
+// stall.
+func stalledFor(addr string, d time.Duration) bool {
 	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
 		return false
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(50 * time.Millisecond))
+	_ = c.SetDeadline(time.Now().Add(d))
 	if _, err := c.Write([]byte("PING\r\n")); err != nil {
 		return false
 	}

@@ -1,0 +1,138 @@
+package engine
+
+import (
+	"context"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/memolock/memolock/internal/wire"
+	"github.com/redis/go-redis/v9"
+)
+
+// A batcher runs one node's lookups (the acquire script). A lookup with no
+// other in flight goes straight to Redis on the caller's goroutine. Under
+// load, lookups queue, and a few batcher goroutines send whatever has queued
+// as one pipeline to the node, so that Redis and the client pay one write
+// and one read for many lookups instead of one each; nothing waits for a
+// batch to fill. A batcher goroutine exits when the queue is empty, so an
+// idle batcher holds none. This is the hit path: see BenchmarkHit.
+type batcher struct {
+	client   *redis.Client         // the node's own: pipelines go to it alone
+	single   redis.UniversalClient // lookups redirected elsewhere: the cluster's client, or the node's
+	stats    *counters
+	work     *work // the engine's: Close waits for the loops
+	inflight atomic.Int32
+	maxLoops int
+
+	mu    sync.Mutex
+	queue []*lookupCall
+	loops int // batcher goroutines running
+}
+
+type lookupCall struct {
+	keys      []string
+	args      []any
+	res       any
+	elsewhere bool // a redirection was followed: another node answered
+	err       error
+	done      chan struct{}
+}
+
+// maxBatch bounds one pipeline, so that one batch's replies do not delay
+// the next batch for long.
+const maxBatch = 128
+
+func newBatcher(client *redis.Client, single redis.UniversalClient, stats *counters, w *work) *batcher {
+	return &batcher{client: client, single: single, stats: stats, work: w, maxLoops: min(max(runtime.GOMAXPROCS(0), 2), 8)}
+}
+
+// run runs the acquire script with keys and args and returns its reply,
+// and whether another node gave it (see runAlone). It does not return
+// before the reply is read: the reply may say that a lock was just taken.
+// Callers that may leave early call it on a goroutine of their own.
+func (b *batcher) run(ctx context.Context, keys []string, args ...any) (any, bool, error) {
+	defer b.inflight.Add(-1)
+	if b.inflight.Add(1) == 1 {
+		return b.runAlone(ctx, keys, args)
+	}
+	lc := &lookupCall{keys: keys, args: args, done: make(chan struct{})}
+	b.mu.Lock()
+	b.queue = append(b.queue, lc)
+	start := b.loops < b.maxLoops
+	if start {
+		b.loops++
+		b.work.add()
+	}
+	b.mu.Unlock()
+	if start {
+		go b.loop()
+	}
+	<-lc.done
+	return lc.res, lc.elsewhere, lc.err
+}
+
+// runAlone runs one lookup on the node, which loads the script if need be.
+// A redirection (a slot that moved, or is moving) is followed through the
+// cluster's client, and reported: another node answered, whose tracking
+// the L1 may not have.
+func (b *batcher) runAlone(ctx context.Context, keys []string, args []any) (any, bool, error) {
+	res, err := wire.Acquire.Run(ctx, b.client, keys, args...).Result()
+	if err == nil || !redirected(err) {
+		return res, false, err
+	}
+	res, err = wire.Acquire.Run(ctx, b.single, keys, args...).Result()
+	return res, true, err
+}
+
+// loop sends batches until the queue is empty.
+func (b *batcher) loop() {
+	defer b.work.done()
+	for {
+		b.mu.Lock()
+		n := min(len(b.queue), maxBatch)
+		if n == 0 {
+			b.loops--
+			b.mu.Unlock()
+			return
+		}
+		batch := make([]*lookupCall, n)
+		copy(batch, b.queue)
+		clear(b.queue[:n])
+		b.queue = b.queue[n:]
+		if len(b.queue) == 0 {
+			b.queue = nil
+		}
+		b.mu.Unlock()
+		b.send(batch)
+	}
+}
+
+// send runs a batch as one pipeline of EVALSHA to the node. A lookup that
+// meets NOSCRIPT (a new or flushed server), or a redirection (a slot that
+// moved or is moving, which go-redis follows only for single commands),
+// runs again alone, which loads the script and follows redirections.
+func (b *batcher) send(batch []*lookupCall) {
+	ctx := context.Background()
+	if len(batch) == 1 {
+		lc := batch[0]
+		lc.res, lc.elsewhere, lc.err = b.runAlone(ctx, lc.keys, lc.args)
+		close(lc.done)
+		return
+	}
+	b.stats.batched.Add(int64(len(batch)))
+	pipe := b.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(batch))
+	for i, lc := range batch {
+		cmds[i] = wire.Acquire.EvalSha(ctx, pipe, lc.keys, lc.args...)
+	}
+	_, _ = pipe.Exec(ctx)
+	for i, lc := range batch {
+		lc.res, lc.err = cmds[i].Result()
+		if lc.err != nil && (strings.HasPrefix(lc.err.Error(), "NOSCRIPT") || redirected(lc.err)) {
+			lc.res, lc.elsewhere, lc.err = b.runAlone(ctx, lc.keys, lc.args)
+		}
+		close(lc.done)
+	}
+}

@@ -1,0 +1,158 @@
+package engine
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"sync"
+	"sync/atomic"
+)
+
+// A runner is the one place that runs the user's callbacks: fetch, start,
+// a GetMany batch and OnWait. As x/sync/singleflight's doCall, it tells a
+// return from a panic from runtime.Goexit; unlike doCall, it runs each
+// callback on a goroutine of its own, so that a Goexit (t.FailNow in a test)
+// ends only that goroutine, and the engine's own goroutines go on to answer
+// every caller and release the lock.
+//
+// Close waits for the callbacks to return. Called from inside one of this
+// engine's callbacks, it must not (the callback would wait for itself): the
+// runner knows its callbacks' goroutines by id, so that the question "am I
+// inside a callback" is asked of this engine alone.
+type runner struct {
+	pending work // callbacks started or about to start; Close waits for them
+
+	active  atomic.Int32 // callbacks running now: when 0, nobody is inside one
+	mu      sync.Mutex
+	running map[int64][]*flight // the goroutines running a callback now, and the flights it serves
+}
+
+// result is what a callback ended with.
+type result[T any] struct {
+	val T
+	err error
+}
+
+// errGoexit is wrapped by the error of a callback that called
+// runtime.Goexit.
+var errGoexit = errors.New("called runtime.Goexit")
+
+func goexitError(what string) error {
+	return fmt.Errorf("memolock: %s %w", what, errGoexit)
+}
+
+// panicError is the error of a callback that panicked with p: it wraps
+// ErrPanicked and carries the stack, which a fail event leaves out.
+func panicError(p any) error {
+	return fmt.Errorf("%w: %v\n%s", ErrPanicked, p, debug.Stack())
+}
+
+// invoke runs fn, a callback called what that serves flights fs (a batch
+// serves many), on a goroutine of its own, and returns a channel that
+// receives how it ended. The caller has added one to
+// r.pending for it (under the flight group's lock, so that Close cannot miss
+// it); the goroutine takes it away when fn ends, however it ends.
+func invoke[T any](r *runner, what string, fs []*flight, fn func() (T, error)) <-chan result[T] {
+	out := make(chan result[T], 1)
+	go func() {
+		id := goid()
+		r.enter(id, fs)
+		res := result[T]{err: goexitError(what)} // stands if fn neither returns nor panics
+		defer func() {
+			r.leave(id)
+			r.pending.done()
+			out <- res
+		}()
+		defer func() {
+			if p := recover(); p != nil {
+				res = result[T]{err: panicError(p)}
+			}
+		}()
+		v, err := fn()
+		res = result[T]{val: v, err: err}
+	}()
+	return out
+}
+
+// callErr is invoke for a callback of flight f (nil: none) that returns
+// only an error, waiting for it.
+func (r *runner) callErr(what string, f *flight, fn func() error) error {
+	res := <-invoke(r, what, []*flight{f}, func() (struct{}, error) { return struct{}{}, fn() })
+	return res.err
+}
+
+func (r *runner) enter(id int64, fs []*flight) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.running == nil {
+		r.running = make(map[int64][]*flight)
+	}
+	r.running[id] = fs
+	r.active.Add(1)
+	for _, f := range fs {
+		f.inCallback.Add(1)
+	}
+}
+
+func (r *runner) leave(id int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, f := range r.running[id] {
+		f.inCallback.Add(-1)
+	}
+	delete(r.running, id)
+	r.active.Add(-1)
+}
+
+// inside reports whether the calling goroutine runs one of r's callbacks. A
+// goroutine that a callback starts is not inside it.
+func (r *runner) inside() bool {
+	_, ok := r.current()
+	return ok
+}
+
+// current returns the flights whose callback the calling goroutine runs,
+// if it runs one of r's.
+func (r *runner) current() ([]*flight, bool) {
+	if r.active.Load() == 0 {
+		return nil, false // no callback runs: spare the stack read
+	}
+	id := goid()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f, ok := r.running[id]
+	return f, ok
+}
+
+// goid returns the calling goroutine's id, read from the first line of its
+// stack ("goroutine 42 [running]:"). Go offers no other way; it costs about
+// a microsecond, paid once per callback.
+func goid() int64 {
+	var buf [64]byte
+	b := buf[:runtime.Stack(buf[:], false)]
+	b = bytes.TrimPrefix(b, []byte("goroutine "))
+	if i := bytes.IndexByte(b, ' '); i > 0 {
+		b = b[:i]
+	}
+	id, err := strconv.ParseInt(string(b), 10, 64)
+	if err != nil {
+		return -1
+	}
+	return id
+}
+
+// Inline runs fn, a callback that serves one caller alone (a codec's
+// Unmarshal, on the caller's goroutine): a panic becomes an error wrapping
+// ErrPanicked with the stack. A runtime.Goexit ends the caller's goroutine,
+// as it would without memolock: nothing of the engine's waits on it.
+func Inline(fn func() error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = panicError(p)
+		}
+	}()
+	return fn()
+}

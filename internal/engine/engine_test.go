@@ -1,0 +1,112 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/memolock/memolock/internal/redistest"
+	"github.com/memolock/memolock/internal/wire"
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// A new or flushed server has no scripts: a batch of EVALSHA meets
+// NOSCRIPT and must fall back to EVAL.
+func TestBatch_LoadsScriptsAfterScriptFlush(t *testing.T) {
+	srv := redistest.Start(t)
+	raw := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer raw.Close()
+	raw.Set(context.Background(), "flush:hit", "stored", time.Minute)
+	raw.ScriptFlush(context.Background())
+	bt := newBatcher(raw, raw, &counters{}, &work{})
+	calls := []*lookupCall{
+		{keys: []string{"flush:hit", "flush/lock:hit", "flush/lock-notfound:hit", "flush/lock-stale:hit"}, args: []any{"t1", 1000}, done: make(chan struct{})},
+		{keys: []string{"flush:miss", "flush/lock:miss", "flush/lock-notfound:miss", "flush/lock-stale:miss"}, args: []any{"t2", 1000}, done: make(chan struct{})},
+	}
+	bt.send(calls)
+	if calls[0].err != nil || calls[0].res != "stored" {
+		t.Errorf("hit after SCRIPT FLUSH: %v, %v", calls[0].res, calls[0].err)
+	}
+	if calls[1].err != nil || calls[1].res != int64(1) {
+		t.Errorf("miss after SCRIPT FLUSH: %v, %v", calls[1].res, calls[1].err)
+	}
+	if v := raw.Get(context.Background(), "flush/lock:miss").Val(); v != "t2" {
+		t.Errorf("lock = %q", v)
+	}
+}
+
+func TestTracing_TokenCarriesTraceparentOnlyWhenSampled(t *testing.T) {
+	tp := sdktrace.NewTracerProvider()
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	_, span := tp.Tracer("t").Start(context.Background(), "s")
+	defer span.End()
+	tok := flightToken(span)
+	sc, ok := holderSpan(tok)
+	if !ok || sc.TraceID() != span.SpanContext().TraceID() || sc.SpanID() != span.SpanContext().SpanID() {
+		t.Fatalf("token %q does not name its span", tok)
+	}
+	host, _ := os.Hostname()
+	if !strings.HasPrefix(tok, tok[:32]+wire.HostSuffix(host)+strconv.Itoa(os.Getpid())+"/00-") {
+		t.Errorf("token %q: want <hex>@host:pid/<traceparent>", tok)
+	}
+	never := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
+	_, unsampled := never.Tracer("t").Start(context.Background(), "s")
+	for _, tok := range []string{flightToken(unsampled), flightToken(nil), flightToken(trace.SpanFromContext(context.Background()))} {
+		if strings.Contains(tok, "/") {
+			t.Errorf("an unsampled span put a traceparent in token %q", tok)
+		}
+	}
+	for _, tok := range []string{"", "x", "uuid-1234", "a@b:1/garbage", "a@b:1/00-00000000000000000000000000000000-0000000000000000-01"} {
+		if _, ok := holderSpan(tok); ok {
+			t.Errorf("holderSpan(%q) found a span", tok)
+		}
+	}
+}
+
+// The waiter's timer keeps the bounds that interop/vectors.json gives every
+// peer ([W7]-[W9] of PROTOCOL.md), and draws inside them.
+func TestWaitBoundsMatchTheVectors(t *testing.T) {
+	raw, err := os.ReadFile("../../interop/vectors.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		Timers []struct {
+			PTTL     int64 `json:"pttl_ms"`
+			LockTTL  int64 `json:"lock_ttl_ms"`
+			Earliest int64 `json:"earliest_us"`
+			Latest   int64 `json:"latest_us"`
+		} `json:"timers"`
+	}
+	if err := json.Unmarshal(raw, &v); err != nil {
+		t.Fatal(err)
+	}
+	if len(v.Timers) == 0 {
+		t.Fatal("no timer vectors")
+	}
+	for _, tv := range v.Timers {
+		pttl, lockTTL := time.Duration(tv.PTTL)*time.Millisecond, time.Duration(tv.LockTTL)*time.Millisecond
+		if tv.PTTL > int64(wire.MaxPTTL/time.Millisecond) {
+			pttl = wire.MsDuration(tv.PTTL)
+		}
+		earliest, latest := waitBounds(pttl, lockTTL)
+		if earliest.Microseconds() != tv.Earliest || latest.Microseconds() != tv.Latest {
+			t.Errorf("pttl %dms, lock TTL %dms: bounds %v..%v, want %dus..%dus", tv.PTTL, tv.LockTTL, earliest, latest, tv.Earliest, tv.Latest)
+		}
+		for range 100 {
+			if d := waitFor(pttl, lockTTL); d < earliest || d > latest {
+				t.Fatalf("pttl %dms: drew %v outside %v..%v", tv.PTTL, d, earliest, latest)
+			}
+		}
+	}
+}

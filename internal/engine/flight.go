@@ -1,0 +1,95 @@
+package engine
+
+import (
+	"context"
+	"sync/atomic"
+
+	"github.com/memolock/memolock/internal/l1"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// A flight is one process's pursuit of one value. Every caller of Get for
+// that id in this process shares it, as with x/sync/singleflight: N callers
+// cost what one costs.
+//
+// Who owns what: the fields set when the flight is made never change; its
+// membership (refs, phase, fallback) belongs to the group's mutex; answer is
+// written once, by the group's finish, before done is closed; everything
+// else a flight knows while it runs (the holder it waits for, its timer and
+// subscription, its lock) belongs to its own goroutine, in a pursuit.
+type flight struct {
+	id    string     // as the caller gave it
+	key   string     // as sent to Redis (hashed with HashIDs, placed with HashTags)
+	token string     // the lock token of every attempt this flight makes
+	kind  flightKind // what the flight is for
+	fetch FetchFunc
+	start StartFunc  // external-producer mode when set
+	span  trace.Span // the leader's Get span; nil when not traced
+	// claim is the span token names, when the leader's Get is traced:
+	// started before the first lookup, it becomes the fetch span if the
+	// flight computes, or ends as "memolock.lookup" (see claimSpan). Only
+	// the flight's own goroutine touches it.
+	claim trace.Span
+	// member, for a flight of a GetMany batch, is its place in the batch:
+	// told of the flight's launch, its first lookup's outcome and its end.
+	member batchPart
+	l1     l1.Snap // the L1's invalidations before the first lookup
+	l1From *node   // the node whose tracking l1 follows; only its replies may enter the L1
+	// The acquire script's keys and arguments, made at the first lookup
+	// for all of them; only the flight's lookups read them.
+	lookupKeys []string
+	lookupArgs []any
+	// inCallback counts the flight's callbacks running now (see
+	// Engine.reentered).
+	inCallback atomic.Int32
+
+	ctx  context.Context    // set by launch: the first caller's values, no deadline
+	stop context.CancelFunc // cancels ctx
+	done chan struct{}      // closed by finish, once answer is set
+	answer
+
+	// Guarded by group.mu.
+	refs     int
+	phase    phase
+	fallback []byte // a stale copy for callers who give up waiting (StaleTTL)
+}
+
+// answer is what a flight's callers get.
+type answer struct {
+	val    []byte
+	err    error
+	served Served
+}
+
+// flightKind tells what a flight is for.
+type flightKind uint8
+
+const (
+	forGet     flightKind = iota // Get, GetResult, GetExternal
+	forMember                    // one id of a GetMany batch
+	forRefresh                   // a refresh ahead of expiry, for no caller
+)
+
+// phase is where a flight stands with its callers.
+type phase uint8
+
+const (
+	// looking up the value or waiting for another holder: the flight ends
+	// when its last caller leaves.
+	looking phase = iota
+	// holding the lock (computing, or waiting for an external producer), or
+	// computing without one under FailOpen: others, perhaps in other
+	// processes, wait for this flight, so it outlives its callers.
+	holding
+	// abandoned by every caller while looking: its ctx is cancelled.
+	abandoned
+	// finished: done is closed and answer is set.
+	finished
+)
+
+// batchPart is a flight's place in a GetMany batch (see collector).
+type batchPart interface {
+	launched(f *flight) // the flight is about to look up
+	looked(won bool)    // its first lookup answered: won, it will fetch
+	settled()           // the flight has ended
+}

@@ -1,0 +1,333 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/memolock/memolock/internal/l1"
+	"github.com/memolock/memolock/internal/wire"
+)
+
+// Get returns the value of id, whose key (as sent to Redis) is key: from the
+// L1, or through the flight for key, which it joins or starts. Exactly one
+// of fetch and start is set. ctx is not nil and not done.
+func (e *Engine) Get(ctx context.Context, id, key string, fetch FetchFunc, start StartFunc) ([]byte, Served, error) {
+	if a, ok := e.fromL1(id, key); ok {
+		e.stats.answered(a.served, a.err)
+		return a.val, a.served, a.err
+	}
+	cl := e.begin(ctx)
+	f, err := e.join(&cl, &flightSpec{id: id, key: key, kind: forGet, fetch: fetch, start: start})
+	a := answer{err: err}
+	if err != nil {
+		e.stats.answered(0, err)
+	} else {
+		a = e.await(ctx, f)
+	}
+	e.observe(cl, a.served, a.err)
+	return a.val, a.served, a.err
+}
+
+// Cached answers a Get from the L1, if it holds key, and counts the answer.
+func (e *Engine) Cached(id, key string) ([]byte, Served, bool, error) {
+	a, ok := e.fromL1(id, key)
+	if ok {
+		e.stats.answered(a.served, a.err)
+	}
+	return a.val, a.served, ok, a.err
+}
+
+// fromL1 answers from the L1, if it holds key. The caller counts the answer.
+func (e *Engine) fromL1(id, key string) (answer, bool) {
+	if e.l1 == nil || e.closing.Load() {
+		return answer{}, false
+	}
+	v, kind, ok := e.l1.Get(key)
+	switch {
+	case !ok:
+		return answer{}, false
+	case kind == l1.NotFound:
+		return answer{served: ServedL1, err: e.notFoundErr(id)}, true
+	case kind == l1.Stale:
+		e.stats.servedStale.Add(1)
+		return answer{val: v, served: ServedStale}, true
+	}
+	return answer{val: v, served: ServedL1}, true
+}
+
+// flightSpec is what join makes a flight of, if it makes one.
+type flightSpec struct {
+	id, key string
+	kind    flightKind
+	fetch   FetchFunc
+	start   StartFunc
+	member  batchPart
+}
+
+// join joins the flight for tmpl's key, or starts one like tmpl, which it
+// launches. The flight is made outside the group's lock: making it runs the
+// tracer's sampler and reads crypto/rand, and neither may hold up other
+// callers.
+func (e *Engine) join(cl *callSpan, tmpl *flightSpec) (*flight, error) {
+	f, err := e.flights.find(tmpl.key)
+	if err != nil || f != nil {
+		if f != nil {
+			if err := e.reentered(f); err != nil {
+				return nil, err
+			}
+			e.joined(cl, f)
+		}
+		return f, err
+	}
+	if tmpl.kind == forGet {
+		e.trace(cl, tmpl.id) // a GetMany batch's flights are not traced
+	}
+	f = &flight{id: tmpl.id, key: tmpl.key, kind: tmpl.kind, fetch: tmpl.fetch, start: tmpl.start, member: tmpl.member,
+		span: cl.span, done: make(chan struct{})}
+	f.token, f.claim = e.claimSpan(cl.ctx, f)
+	led, leader, err := e.flights.lead(f, &e.work)
+	if !leader {
+		f.endClaim() // made for nothing: another caller made the flight meanwhile
+		if led != nil {
+			e.joined(cl, led)
+		}
+		return led, err
+	}
+	e.launch(f, cl.ctx)
+	return f, nil
+}
+
+// reentered refuses a call made from inside one of f's own callbacks (a
+// fetch, start or OnWait that asks for the id it serves): it would wait for
+// itself. The call that joined is dropped from f again.
+func (e *Engine) reentered(f *flight) error {
+	if f.inCallback.Load() == 0 {
+		return nil // none of f's callbacks runs: spare the stack read
+	}
+	if cur, ok := e.callbacks.current(); !ok || !slices.Contains(cur, f) {
+		return nil
+	}
+	e.flights.leave(f)
+	return reentryError(f.id)
+}
+
+// reentryError is the error of a call for id from inside a callback that
+// serves it.
+func reentryError(id string) error {
+	return fmt.Errorf("%w: id %s asked for from inside the fetch (or start, or batch, or OnWait) that serves it, which would wait for itself", ErrInvalid, wire.Quote(id))
+}
+
+// joined marks a call that joined a flight another caller leads.
+func (e *Engine) joined(cl *callSpan, f *flight) {
+	if f.span == nil {
+		// Untraced flights: a thousand callers joining one that nobody
+		// traces must not each start a span for nothing.
+		return
+	}
+	if cl.span == nil {
+		e.trace(cl, f.id)
+	}
+	cl.joined(f)
+}
+
+// launch makes f's first lookup and starts its goroutine, which pursues the
+// rest. A caller that cannot leave (its context has no Done channel) makes
+// the first lookup on its own goroutine, so that a hit costs no goroutine;
+// a caller that may leave must not wait on Redis itself, as go-redis
+// ignores context deadlines by default.
+func (e *Engine) launch(f *flight, ctx context.Context) {
+	if f.member != nil {
+		f.member.launched(f)
+	}
+	if ctx.Done() != nil {
+		e.flights.launch(f, ctx)
+		go e.run(f, nil)
+		return
+	}
+	a := e.first(ctx, f)
+	if a.hit() {
+		p := &pursuit{e: e, f: f, ctx: ctx}
+		val, err := p.found(a.r)
+		if later := e.conclude(p, val, err); later != nil {
+			go func() {
+				defer e.work.done()
+				later()
+			}()
+		} else {
+			e.work.done()
+		}
+		return
+	}
+	e.flights.launch(f, ctx)
+	go e.run(f, &a)
+}
+
+// run is a flight's goroutine: it pursues the value from the first
+// lookup's outcome (making that lookup if the caller did not), answers the
+// callers, then does what could wait.
+func (e *Engine) run(f *flight, a *attempt) {
+	defer e.work.done()
+	if a == nil {
+		first := e.first(f.ctx, f)
+		a = &first
+	}
+	p := &pursuit{e: e, f: f, ctx: f.ctx}
+	val, err := p.pursue(*a)
+	if later := e.conclude(p, val, err); later != nil {
+		later()
+	}
+}
+
+// first makes a flight's first lookup, and tells a batch member its outcome.
+func (e *Engine) first(ctx context.Context, f *flight) attempt {
+	a := e.lookup(ctx, f)
+	if f.member != nil {
+		f.member.looked(a.won(e.cfg.FailOpen))
+	}
+	return a
+}
+
+// lookup runs the acquire script for f on the node that owns its key, or
+// fails at once while that node is unreachable.
+func (e *Engine) lookup(ctx context.Context, f *flight) attempt {
+	n, err := e.nodes.check(ctx, f.key)
+	if err != nil {
+		return attempt{err: err}
+	}
+	if f.lookupKeys == nil {
+		window := e.cfg.RefreshAhead
+		if f.kind != forGet || f.start != nil {
+			window = 0 // only Get refreshes ahead: see refresh
+		}
+		f.lookupKeys = e.keys.ID(f.key)
+		f.lookupArgs = e.proto.AcquireArgs(f.token, e.cfg.LockTTL, window, e.l1 != nil)
+	}
+	if e.l1 != nil && f.l1From == nil {
+		f.l1, f.l1From = e.snap(n, f.key), n // before anything is read
+	}
+	a := e.lookupOn(ctx, f, n)
+	if e.l1 != nil && (n != f.l1From || a.r.Elsewhere) {
+		// Read from a node whose invalidations the snap did not follow.
+		f.l1 = l1.Snap{}
+	}
+	return a
+}
+
+// lookupOn runs the acquire script for f on node n.
+func (e *Engine) lookupOn(ctx context.Context, f *flight, n *node) attempt {
+	r, err := e.proto.Acquire(ctx, n.batch.run, f.lookupKeys, f.lookupArgs)
+	if err != nil && slotMoving(err) {
+		return e.lookupMigrating(ctx, f, n)
+	}
+	if err != nil {
+		n.down.report(err)
+		return attempt{err: err, sent: mayHaveRun(err)}
+	}
+	return attempt{r: r}
+}
+
+// conclude answers the callers of p's flight with what p found, then
+// returns the work that can wait until they have it (nil if none): a
+// refresh ahead of expiry, or filling the L1.
+func (e *Engine) conclude(p *pursuit, val []byte, err error) func() {
+	f := p.f
+	n := e.finish(f, answer{val: val, err: err, served: p.served})
+	f.endClaim()
+	_, o := outcomeOf(p.served, err)
+	p.recordWait(o)
+	p.end()
+	if f.member != nil {
+		f.member.settled()
+	}
+	switch {
+	case p.refresh:
+		return func() { e.refresh(f, p.ctx) }
+	case e.l1 == nil || n < 0:
+	case p.served == ServedStale && p.resurrected && err == nil:
+		// A stale copy put back after a failed fetch, read from Redis:
+		// readers here get it from the L1 too, flagged stale.
+		return e.promotion(p, f, val, true)
+	case p.served != ServedRedis:
+	case p.notFound:
+		e.l1.PutNotFound(f.key, p.notFoundTTL, f.l1)
+	case err == nil:
+		// A value that came while waiting was just stored by its holder,
+		// whose write invalidates it: promoting it would be a wasted
+		// round trip. One found at once enters with the time it has left.
+		return e.promotion(p, f, val, false)
+	}
+	return nil
+}
+
+// promotion puts a value found in Redis into the L1 with the time it has
+// left, which the lookup's reply brought (every lookup asks for it when
+// there is an L1).
+func (e *Engine) promotion(p *pursuit, f *flight, val []byte, stale bool) func() {
+	switch {
+	case !p.hasTTL || p.valueTTL == 0:
+	case stale:
+		e.l1.PutStale(f.key, val, p.valueTTL, f.l1)
+	default:
+		e.l1.Put(f.key, val, e.l1TTL(p.valueTTL), f.l1)
+	}
+	return nil
+}
+
+// finish answers f's callers, and counts their answers; it returns how many
+// it answered, or -1 if f was finished already (by Close, or by a value
+// pushed while it waited).
+func (e *Engine) finish(f *flight, a answer) int { return e.flights.finish(f, a) }
+
+// deliver is finish for a value pushed to a waiting flight (see
+// group.deliver).
+func (e *Engine) deliver(f *flight, a answer) int { return e.flights.deliver(f, a) }
+
+// await waits for f on behalf of one caller. A caller that gives up waiting
+// gets the stale copy of the value, if the flight has one.
+func (e *Engine) await(ctx context.Context, f *flight) answer {
+	cancelled := ctx.Done()
+	if cancelled == nil {
+		<-f.done // a plain receive: many callers of a hot key contend less
+		return f.answer
+	}
+	select {
+	case <-f.done:
+		return f.answer
+	case <-cancelled:
+	}
+	fallback, left := e.flights.leave(f)
+	switch {
+	case !left:
+		// Finished meanwhile, and counted with this caller.
+		<-f.done
+		return f.answer
+	case fallback != nil:
+		e.stats.servedStale.Add(1)
+		e.stats.answered(ServedStale, nil)
+		return answer{val: fallback, served: ServedStale}
+	}
+	err := fmt.Errorf("%w: %w", ErrTimeout, ctx.Err())
+	e.stats.answered(0, err)
+	return answer{err: err}
+}
+
+// attempt is the outcome of one lookup.
+type attempt struct {
+	r   wire.Reply
+	err error
+	// sent is set when the acquire script may have run despite err: the
+	// lock may hold the flight's token.
+	sent bool
+}
+
+// hit reports whether the lookup found the value.
+func (a attempt) hit() bool {
+	return a.err == nil && (a.r.Kind == wire.Hit || a.r.Kind == wire.Refresh)
+}
+
+// won reports whether the flight is about to compute: it took the lock, or
+// Redis is out of reach and failOpen computes without one.
+func (a attempt) won(failOpen bool) bool {
+	return (a.err == nil && a.r.Kind == wire.Locked) || (a.err != nil && failOpen && isOutage(a.err))
+}

@@ -1,0 +1,260 @@
+package engine
+
+import (
+	"context"
+	"sync"
+)
+
+// A group holds the flights of one engine: the coalescing layer, which
+// knows nothing of Redis. Its mutex guards every flight's membership (its
+// callers, its phase, the stale copy offered to callers who leave); the
+// rest of a flight's state belongs to the flight's own goroutine.
+type group struct {
+	mu        sync.Mutex
+	closed    bool
+	flights   map[string]*flight
+	detached  map[*flight]struct{} // running, but no longer joined: see detach
+	coalesced int64                // counted under mu, which every join takes anyway
+	// answers counts the answers that finish gives, before the callers
+	// can see them (a caller may read the counters as soon as it wakes).
+	answers *counters
+}
+
+// find joins the flight for key, if one is running; otherwise it only
+// counts the call. It fails once the group is closed.
+func (g *group) find(key string) (*flight, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return nil, ErrClosed
+	}
+	if f := g.flights[key]; f != nil {
+		f.refs++
+		g.coalesced++
+		return f, nil
+	}
+	return nil, nil
+}
+
+// lead makes f, built outside the lock, the flight for its key, and
+// reports true; or, if another caller made one meanwhile, joins that one
+// and returns it. When it makes f the flight, it adds one to w, for f's
+// work, which Close waits for.
+func (g *group) lead(f *flight, w *work) (*flight, bool, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return nil, false, ErrClosed
+	}
+	if other := g.flights[f.key]; other != nil {
+		other.refs++
+		g.coalesced++
+		return other, false, nil
+	}
+	if g.flights == nil {
+		g.flights = make(map[string]*flight)
+	}
+	f.refs = 1
+	g.flights[f.key] = f
+	w.add() // under mu: Close waits for work only after closing the group
+	return f, true, nil
+}
+
+// launch gives f the context its work runs under: ctx's values, without its
+// deadline or cancellation, since the work serves every caller (and waiters
+// in other processes).
+func (g *group) launch(f *flight, ctx context.Context) {
+	fctx, stop := context.WithCancel(context.WithoutCancel(ctx)) // outside the lock
+	g.mu.Lock()
+	f.ctx, f.stop = fctx, stop
+	ended := g.closed || f.phase == abandoned
+	g.mu.Unlock()
+	if ended {
+		stop()
+	}
+}
+
+// leave drops one caller, and returns the stale copy it may serve. A
+// flight that is looking and has no caller left is abandoned: new callers
+// start a new one. It reports false if the flight finished first: the
+// caller then takes its answer.
+func (g *group) leave(f *flight) ([]byte, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if f.phase == finished {
+		return nil, false
+	}
+	f.refs--
+	if f.refs == 0 && f.phase == looking {
+		f.phase = abandoned
+		g.drop(f)
+		if f.stop != nil {
+			f.stop()
+		}
+	}
+	return f.fallback, true
+}
+
+// offer sets the stale copy that callers who give up waiting get (nil:
+// none).
+func (g *group) offer(f *flight, copy []byte) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	f.fallback = copy
+}
+
+// hold moves f to holding, and adds one to w for the user function the
+// flight is about to run. It reports false if every caller left, or Close
+// began, before that.
+func (g *group) hold(f *flight, w *work) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed || (f.phase != looking && f.phase != holding) {
+		return false
+	}
+	f.phase = holding
+	w.add() // under mu: Close waits for callbacks only after closing the group
+	return true
+}
+
+// retire ends a holding flight that no caller waits for: it reports true,
+// and no new caller joins it, if f has no callers.
+func (g *group) retire(f *flight) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if f.refs > 0 {
+		return false
+	}
+	f.phase = abandoned
+	g.drop(f)
+	return true
+}
+
+// finish hands the flight's answer to its callers. Only the first call
+// counts (Close finishes flights early with ErrClosed); it returns the
+// number of callers it answered, or -1 if it was not the first.
+func (g *group) finish(f *flight, a answer) int { return g.settle(f, a, false) }
+
+// deliver finishes f with a value pushed by its holder, unless f has moved
+// on: a flight that holds the lock, computing or waiting for its external
+// producer, is finished by its own goroutine alone.
+func (g *group) deliver(f *flight, a answer) int { return g.settle(f, a, true) }
+
+func (g *group) settle(f *flight, a answer, onlyLooking bool) int {
+	g.mu.Lock()
+	if f.phase == finished || (onlyLooking && f.phase != looking) {
+		g.mu.Unlock()
+		return -1
+	}
+	f.phase = finished
+	g.drop(f)
+	callers := f.refs
+	g.mu.Unlock()
+	f.answer = a
+	if callers > 0 && g.answers != nil {
+		served, o := outcomeOf(a.served, a.err)
+		g.answers.answers[served][o].Add(int64(callers))
+	}
+	close(f.done)
+	return callers
+}
+
+// close closes the group and returns the flights in it. It reports false
+// if the group was closed already.
+func (g *group) close() ([]*flight, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return nil, false
+	}
+	g.closed = true
+	flights := make([]*flight, 0, len(g.flights)+len(g.detached))
+	for _, f := range g.flights {
+		flights = append(flights, f)
+	}
+	for f := range g.detached {
+		flights = append(flights, f)
+	}
+	for _, f := range flights {
+		if f.stop != nil {
+			f.stop() // a flight launched after close is cancelled by launch
+		}
+	}
+	return flights, true
+}
+
+// background registers f, a flight that serves no caller and that no caller
+// joins, holding the lock it took: it runs under ctx's values, Close
+// cancels it, and it adds one to w for its goroutine and one to callbacks
+// for the user function it runs. It reports false once the group is closed.
+func (g *group) background(f *flight, ctx context.Context, w, callbacks *work) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	f.ctx, f.stop = context.WithCancel(context.WithoutCancel(ctx))
+	if g.closed {
+		return false
+	}
+	f.phase = holding
+	if g.detached == nil {
+		g.detached = make(map[*flight]struct{})
+	}
+	g.detached[f] = struct{}{}
+	w.add()
+	callbacks.add()
+	return true
+}
+
+// admit adds one to w, for work that Close waits for, unless the group is
+// closed.
+func (g *group) admit(w *work) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return false
+	}
+	w.add()
+	return true
+}
+
+// drop forgets f, which is ending. Called under mu.
+func (g *group) drop(f *flight) {
+	if g.flights[f.key] == f {
+		delete(g.flights, f.key)
+	}
+	delete(g.detached, f)
+}
+
+// detach makes the flight for key, if any, one that new callers no longer
+// join: it goes on for the callers it has, and the next caller starts a new
+// flight. Delete and Set detach the flights of what they change, so that
+// this process never hands out a value computed before them. An empty key
+// detaches every flight (Purge).
+func (g *group) detach(key string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for k, f := range g.flights {
+		if key != "" && k != key {
+			continue
+		}
+		delete(g.flights, k)
+		f.fallback = nil // the copy may be deleted too
+		if g.detached == nil {
+			g.detached = make(map[*flight]struct{})
+		}
+		g.detached[f] = struct{}{}
+	}
+}
+
+// counts returns the coalesced calls so far, and the flights in progress.
+func (g *group) counts() (coalesced int64, running int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.coalesced, len(g.flights) + len(g.detached)
+}
+
+// fallbackOf returns the stale copy offered to f's callers, if any.
+func (g *group) fallbackOf(f *flight) []byte {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return f.fallback
+}

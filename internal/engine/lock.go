@@ -1,0 +1,324 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/memolock/memolock/internal/wire"
+	"github.com/redis/go-redis/v9"
+)
+
+// ctxOf is the context of a flight's writes: its values, never cancelled.
+func ctxOf(f *flight) context.Context {
+	if f.ctx == nil {
+		return context.Background()
+	}
+	return context.WithoutCancel(f.ctx)
+}
+
+// holderCtx is the context of a holder's last write: its flight's values,
+// and bounded once Close has begun.
+func holderCtx(f *flight, closing bool) (context.Context, context.CancelFunc) {
+	if closing {
+		return context.WithTimeout(ctxOf(f), closeWait)
+	}
+	return ctxOf(f), func() {}
+}
+
+// store writes the value if the lease still holds. It returns the error of
+// a store that failed; a lost lease is only counted. Either way the callers
+// have their value.
+func (e *Engine) store(p *pursuit, val []byte, ttl time.Duration, closing bool) error {
+	f := p.f
+	ctx, cancel := holderCtx(f, closing)
+	defer cancel()
+	own := e.expectOwn(f.key)
+	stored, err := e.proto.Store(ctx, f.key, f.token, val, ttl)
+	if err != nil && slotMoving(err) && !closing {
+		// The slot is being migrated: the callers here have their value
+		// now, and the store waits for the migration afterwards.
+		if own != nil {
+			own.cancel()
+		}
+		p.after = func() { e.storeMigrating(f, val, ttl) }
+		return nil
+	}
+	switch {
+	case err != nil:
+		e.storeError(f, err)
+	case !stored:
+		e.leaseLost(f)
+	}
+	if own == nil {
+		return err
+	}
+	if err != nil || !stored || ttl == 0 || closing {
+		own.cancel()
+		return err
+	}
+	p.after = func() { e.adoptOwn(own, f.key) }
+	return nil
+}
+
+// storeMigrating stores a value whose store met a slot migration, once the
+// migration lets it, within the lease; waiters elsewhere are told if it
+// cannot.
+func (e *Engine) storeMigrating(f *flight, val []byte, ttl time.Duration) {
+	ctx := ctxOf(f)
+	var stored bool
+	err := e.throughMigration(ctx, func() (err error) {
+		stored, err = e.proto.Store(ctx, f.key, f.token, val, ttl)
+		return err
+	})
+	switch {
+	case err != nil:
+		e.storeError(f, err)
+		e.storeFailed(f, err)
+	case !stored:
+		e.leaseLost(f)
+	}
+}
+
+// ownWrite is a value this process is storing, which its own L1 reads back
+// once the invalidation of that write has come (see l1.Expect). Keeping
+// the value written instead, without a read, would be wrong: Redis sends
+// one invalidation for all the writes of a key in one pass of its event
+// loop, so that ours may also stand for a write by someone else right
+// after it.
+type ownWrite struct {
+	arrived <-chan struct{}
+	cancel  func()
+}
+
+// expectOwn prepares key's value, about to be stored, for the L1: nil
+// without an L1.
+func (e *Engine) expectOwn(key string) *ownWrite {
+	if e.l1 == nil {
+		return nil
+	}
+	arrived, cancel := e.l1.Expect(key)
+	return &ownWrite{arrived: arrived, cancel: cancel}
+}
+
+// adoptOwn waits, boundedly, for the invalidation of this process's store
+// of key, and then reads key into the L1, as a lookup would, so that the
+// next reader here finds it there.
+func (e *Engine) adoptOwn(own *ownWrite, key string) {
+	t := time.NewTimer(closeWait)
+	defer t.Stop()
+	select {
+	case <-own.arrived:
+	case <-t.C:
+		own.cancel()
+		return
+	case <-e.lifetime.Done():
+		own.cancel()
+		return
+	}
+	ctx, cancel := context.WithTimeout(e.lifetime, closeWait)
+	defer cancel()
+	n, err := e.nodes.check(ctx, key)
+	if err != nil {
+		return
+	}
+	snap := e.snap(n, key)
+	if !snap.Live() {
+		return
+	}
+	var val *redis.StringCmd
+	var ttl *redis.DurationCmd
+	if _, err := n.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		val = p.Get(ctx, e.keys.Value(key))
+		ttl = p.PTTL(ctx, e.keys.Value(key))
+		return nil
+	}); err != nil {
+		return // gone, or moved: the next lookup reads it
+	}
+	if d := ttl.Val(); d > 0 || d == -1 {
+		e.l1.Put(key, []byte(val.Val()), e.l1TTL(d), snap)
+	}
+}
+
+// storeFailed tells waiters elsewhere that the store failed, now rather
+// than when the lock expires: with a fail event if the lock is still ours
+// (nothing was stored), or else with an abandon event, so that they look
+// again (the script may have stored the value and stopped before its
+// PUBLISH).
+func (e *Engine) storeFailed(f *flight, err error) {
+	if e.release(f, wire.FailEvent(f.token, err)) {
+		return
+	}
+	e.abandoned(f)
+}
+
+// abandoned publishes an abandon event for f's token, boundedly.
+func (e *Engine) abandoned(f *flight) {
+	ctx, cancel := context.WithTimeout(ctxOf(f), closeWait)
+	defer cancel()
+	_ = e.throughMigration(ctx, func() error { return e.proto.Abandoned(ctx, f.key, f.token) })
+}
+
+// recordNotFound records that fetch found nothing, for NegTTL, and tells
+// the waiters elsewhere. If that fails, the lock is released with an
+// abandon event, so that waiters look again at once.
+func (e *Engine) recordNotFound(f *flight, closing bool) {
+	ctx, cancel := holderCtx(f, closing)
+	defer cancel()
+	var done bool
+	err := e.throughMigration(ctx, func() (err error) {
+		done, err = e.proto.NotFound(ctx, f.key, f.token, e.cfg.NegTTL)
+		return err
+	})
+	switch {
+	case err != nil:
+		e.storeError(f, err)
+		if !e.release(f, wire.AbandonEvent(f.token)) {
+			// The script may have run in part, or the lock expired: tell
+			// waiters anyway.
+			e.abandoned(f)
+		}
+	case !done:
+		e.leaseLost(f)
+	}
+}
+
+// uncached hands a value that fetch asked not to cache (a negative TTL) to
+// the waiters elsewhere, and frees the lock. If that fails, the lock is
+// released with an abandon event, so that waiters look again (and compute
+// for themselves) at once.
+func (e *Engine) uncached(f *flight, val []byte, closing bool) {
+	ctx, cancel := holderCtx(f, closing)
+	defer cancel()
+	var published bool
+	err := e.throughMigration(ctx, func() (err error) {
+		published, err = e.proto.Publish(ctx, f.key, f.token, val)
+		return err
+	})
+	switch {
+	case err != nil:
+		e.storeError(f, err)
+		e.release(f, wire.AbandonEvent(f.token))
+	case !published:
+		e.leaseLost(f)
+	}
+}
+
+// resurrect puts the stale copy of f's value back for ResurrectTTL, after
+// fetch failed with cause, and returns it; false if there is none (or the
+// lease was lost, or Redis failed).
+func (e *Engine) resurrect(f *flight, cause error) ([]byte, bool) {
+	ctx, cancel := context.WithTimeout(ctxOf(f), closeWait)
+	defer cancel()
+	var v []byte
+	var ok bool
+	err := e.throughMigration(ctx, func() (err error) {
+		v, ok, err = e.proto.Resurrect(ctx, f.key, f.token, e.cfg.ResurrectTTL)
+		return err
+	})
+	if err != nil {
+		return nil, false
+	}
+	if ok {
+		e.stats.servedStale.Add(1)
+		e.staleServed(f, cause)
+	}
+	return v, ok
+}
+
+// release deletes f's lock if it still holds f's token, and publishes event;
+// it reports whether it did. A failure is harmless: the lock expires by
+// itself. It is bounded, as it may run while Close waits.
+func (e *Engine) release(f *flight, event string) bool {
+	return e.releaseWith(f, event, 0)
+}
+
+// releaseWith is release with a linger (see wire.ReleaseSrc).
+func (e *Engine) releaseWith(f *flight, event string, linger time.Duration) bool {
+	ctx, cancel := context.WithTimeout(ctxOf(f), closeWait)
+	defer cancel()
+	var released bool
+	_ = e.throughMigration(ctx, func() (err error) {
+		released, err = e.proto.Release(ctx, f.key, f.token, event, linger)
+		return err
+	})
+	return released
+}
+
+// releaseDone releases f's lock once somebody else stored the value, keeping
+// it for the linger the store script keeps (see wire.StoreSrc).
+func (e *Engine) releaseDone(f *flight) {
+	e.releaseWith(f, "", wire.LockLinger)
+}
+
+// storeError counts and logs a value (or "not found") that Redis failed to
+// store. It does not start an outage: a reset connection may be this value's
+// doing (a value over proto-max-bulk-len), and lookups find out soon enough
+// whether the node is down.
+func (e *Engine) storeError(f *flight, err error) {
+	e.stats.storeErrors.Add(1)
+	e.log.Warn("memolock: storing a fetched value failed; waiters elsewhere are told",
+		"tag", e.keys.Tag(), "id", f.id, "error", err)
+}
+
+// leaseLost counts and logs a value (or "not found") that was not stored
+// because the lock no longer held the flight's token.
+func (e *Engine) leaseLost(f *flight) {
+	e.stats.leaseLost.Add(1)
+	e.log.Warn("memolock: the lease was lost while fetch ran (the lock expired, or was deleted); the value was not stored",
+		"tag", e.keys.Tag(), "id", f.id)
+}
+
+// maxRenewals bounds the renewals of one lease in flight at once.
+const maxRenewals = 3
+
+// watchdog renews lease every LockTTL/3 (the first time after first, when
+// the lock was found with pttl left) until stop is called or a renewal
+// finds the lease lost (the renew script has told waiters so). Each renewal
+// runs on a goroutine of its own, and the next one does not wait for it:
+// with go-redis's defaults a renewal whose reply is lost blocks for its
+// ReadTimeout (3 s), longer than a short lock lives, and the next renewal
+// must still go out on time. A renewal that ends after the value is stored
+// finds the lock done and publishes an abandon event, on which waiters look
+// again and find the value: harmless.
+func (e *Engine) watchdog(f *flight, lease *wire.Lease, pttl time.Duration) (stop func()) {
+	first := e.cfg.LockTTL / 3
+	if pttl >= 0 {
+		first = min(first, pttl/2)
+	}
+	quit, stopped := make(chan struct{}), make(chan struct{})
+	lost := make(chan struct{}, maxRenewals)
+	go func() {
+		defer close(stopped)
+		t := time.NewTimer(first)
+		defer t.Stop()
+		var running work
+		for {
+			select {
+			case <-t.C:
+			case <-quit:
+				return
+			case <-lost:
+				return // the store script will refuse; nothing left to renew
+			}
+			if running.count() < maxRenewals {
+				running.add()
+				e.work.add()
+				go func() {
+					defer e.work.done()
+					defer running.done()
+					if held, err := lease.Renew(ctxOf(f), e.cfg.LockTTL); err == nil && !held {
+						select {
+						case lost <- struct{}{}:
+						default: // another renewal said so already
+						}
+					}
+				}()
+			}
+			t.Reset(e.cfg.LockTTL / 3)
+		}
+	}()
+	return func() {
+		close(quit)
+		<-stopped
+	}
+}

@@ -1,0 +1,190 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/memolock/memolock/internal/wire"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Tracing. Every call that misses the L1 gets a span, "memolock.Get", and
+// the fetch it runs a child span, "memolock.fetch". A flight whose Get is
+// traced (its span is sampled) appends its fetch span's W3C traceparent to
+// its lock token, after a "/" (see claimSpan):
+//
+//	9f86d081884c7d659a2feaa0c55ad015@build-7:4121/00-<trace id>-<span id>-01
+//
+// so that a waiter in another process, which reads the token in its busy
+// reply, links its own span to the holder's: one trace then shows who
+// computed for whom. Peers compare tokens as opaque strings, so the
+// original peers and the peers that do not trace never notice.
+
+// A call is one caller's Get, as observed: when it reached Redis's side of
+// the L1, and its span. The zero call was answered before that (an L1 hit
+// or bad input) and is only counted.
+type callSpan struct {
+	begun bool
+	ctx   context.Context
+	t0    time.Time  // zero when nothing records Get durations
+	span  trace.Span // nil when the call is not traced
+}
+
+// begin starts observing a call that missed the L1.
+func (e *Engine) begin(ctx context.Context) callSpan {
+	// Without an SDK (the global providers' default), a call records
+	// nothing: a thousand callers woken at once must not each pay for
+	// reading the clock and ending a span that nobody records.
+	cl := callSpan{begun: true, ctx: ctx}
+	if e.meters.timing(ctx) {
+		cl.t0 = time.Now()
+	}
+	return cl
+}
+
+// trace starts cl's span, and keeps it if it records.
+func (e *Engine) trace(cl *callSpan, id string) {
+	if ctx, span := e.tracer.Start(cl.ctx, "memolock.Get", e.spanOpts...); span.IsRecording() {
+		span.SetAttributes(attribute.String("memolock.id", id))
+		cl.ctx, cl.span = ctx, span
+	}
+}
+
+// joined marks a call that joined a flight another caller leads.
+func (cl callSpan) joined(f *flight) {
+	if cl.span != nil {
+		cl.span.SetAttributes(attribute.Bool("memolock.coalesced", true))
+		if f.span != nil {
+			cl.span.AddLink(trace.Link{SpanContext: f.span.SpanContext(),
+				Attributes: []attribute.KeyValue{attribute.String("memolock.link", "flight")}})
+		}
+	}
+}
+
+// observe records and ends what begin started.
+func (e *Engine) observe(cl callSpan, served Served, err error) {
+	if !cl.t0.IsZero() {
+		e.meters.recordGet(cl.ctx, time.Since(cl.t0), served, err)
+	}
+	if cl.span == nil {
+		return
+	}
+	s, o := outcomeOf(served, err)
+	cl.span.SetAttributes(attribute.String("memolock.served", s.String()),
+		attribute.String("memolock.result", outcomeLabels[o]))
+	if o == gotError {
+		cl.span.SetStatus(codes.Error, firstLine(err.Error()))
+	}
+	cl.span.End()
+}
+
+// claimSpan returns the token of flight f, led by a call whose span is
+// f.span, and the span it names, if that call is traced. The fetch span
+// cannot be named in advance (the SDK picks span ids), and the token must
+// be fixed before the first lookup, which may win the lock: so the span
+// named is started now, as "memolock.fetch". If the flight computes, it
+// is the fetch span; if not, it ends as "memolock.lookup", covering the
+// flight's lookups and wait.
+func (e *Engine) claimSpan(ctx context.Context, f *flight) (string, trace.Span) {
+	if f.span == nil || !f.span.IsRecording() {
+		return wire.NewToken(), nil
+	}
+	_, span := e.fetchSpan(ctx, f)
+	return flightToken(span), span
+}
+
+// endClaim ends f's claimed span if no fetch took it.
+func (f *flight) endClaim() {
+	if f.claim != nil {
+		f.claim.SetName("memolock.lookup")
+		f.claim.End()
+		f.claim = nil
+	}
+}
+
+// flightToken returns a new token naming span, when span is sampled and
+// recording.
+func flightToken(span trace.Span) string {
+	t := wire.NewToken()
+	if span == nil {
+		return t
+	}
+	sc := span.SpanContext()
+	if !span.IsRecording() || !sc.IsSampled() {
+		// Not a span of memolock's provider: a no-op tracer hands back
+		// its caller's span context, which is not ours to name.
+		return t
+	}
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(context.Background(), sc), carrier)
+	if tp := carrier["traceparent"]; tp != "" {
+		t += "/" + tp
+	}
+	return t
+}
+
+// holderSpan returns the span that a holder's token names, if it names
+// one.
+func holderSpan(token string) (trace.SpanContext, bool) {
+	_, tp, ok := strings.Cut(token, "/")
+	if !ok {
+		return trace.SpanContext{}, false
+	}
+	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": tp})
+	sc := trace.SpanContextFromContext(ctx)
+	return sc, sc.IsValid()
+}
+
+// waitsOn notes on f's span the holder it waits for, and links to the
+// holder's span if its token names one.
+func (f *flight) waitsOn(holder string) {
+	if f.span == nil || !f.span.IsRecording() {
+		return
+	}
+	f.span.SetAttributes(attribute.Bool("memolock.waited", true), attribute.String("memolock.holder", holder))
+	if sc, ok := holderSpan(holder); ok {
+		f.span.AddLink(trace.Link{SpanContext: sc,
+			Attributes: []attribute.KeyValue{attribute.String("memolock.link", "holder")}})
+	}
+}
+
+// fetchSpan starts the span of f's fetch, under ctx, whose values (and
+// span) are its leader's; or takes the span the flight's token names.
+func (e *Engine) fetchSpan(ctx context.Context, f *flight) (context.Context, trace.Span) {
+	if span := f.claim; span != nil {
+		f.claim = nil
+		return trace.ContextWithSpan(ctx, span), span
+	}
+	ctx, span := e.tracer.Start(ctx, "memolock.fetch", e.fetchSpanOpts...)
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("memolock.id", f.id))
+	}
+	return ctx, span
+}
+
+// fetchDone ends a fetch span, and records the fetch's duration.
+func (e *Engine) fetchDone(ctx context.Context, span trace.Span, t0 time.Time, err error) {
+	e.meters.recordFetch(ctx, time.Since(t0))
+	if err != nil && span.IsRecording() {
+		if errors.Is(err, ErrNotFound) {
+			span.SetAttributes(attribute.String("memolock.result", "not_found"))
+		} else {
+			span.SetStatus(codes.Error, firstLine(err.Error()))
+		}
+	}
+	span.End()
+}
+
+// firstLine is s up to its first newline: a span's status, without the
+// stack trace of a panic.
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}

@@ -1,0 +1,74 @@
+package engine
+
+import (
+	"sync"
+	"time"
+)
+
+// work counts work under way that Close waits for, as a sync.WaitGroup
+// does, but can be waited for with a bound and without a goroutine of its
+// own, so that nothing outlives Close.
+type work struct {
+	mu   sync.Mutex
+	n    int
+	zero chan struct{} // closed when n drops to zero; nil while n is zero
+}
+
+func (w *work) add() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.n == 0 {
+		w.zero = make(chan struct{})
+	}
+	w.n++
+}
+
+func (w *work) done() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.n--; w.n == 0 {
+		close(w.zero)
+		w.zero = nil
+	}
+}
+
+// idle returns a channel closed once no work is under way.
+func (w *work) idle() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.n == 0 {
+		return closedChan
+	}
+	return w.zero
+}
+
+// wait waits until no work is under way, or d has passed (d < 0: no bound).
+// It reports whether the work ended.
+func (w *work) wait(d time.Duration) bool {
+	idle := w.idle()
+	if d < 0 {
+		<-idle
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-idle:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// count returns the work under way.
+func (w *work) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n
+}
