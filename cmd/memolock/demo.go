@@ -18,42 +18,60 @@ import (
 	"github.com/memolock/memolock"
 )
 
+var demoCommand = command{
+	name:    "demo",
+	summary: "show a stampede on one missing key, with memolock and without it",
+	usage: []string{
+		"demo [--redis URL [--cluster]] [--clients N] [--goroutines N] [--fetch DURATION]",
+		"demo --interop [--redis URL] [--processes N] [--interop-dir DIR]",
+	},
+	about: `Starts --clients independent clients of --goroutines goroutines each, which all ask at once for one missing key whose computation takes --fetch: first through memolock, then with plain GET and SET. It prints how many computations each way took, their latencies, and how many Redis commands they sent. Without --redis it runs on an embedded miniredis; with --redis it uses fresh keys, and deletes them after.
+
+With --interop it starts memolock run in Go, Python and C# processes on one key instead, from a clone's interop directory, and shows that one of them ran the command and all printed its output. It needs two languages at least: Debian's /usr/bin/python3 with python3-redis, and mono with mcs.`,
+	flags: []string{"redis", "cluster", "clients", "goroutines", "fetch", "metrics", "interop", "processes", "interop-dir"},
+	exits: [][2]string{
+		{"0", "the demo ran, and memolock computed once"},
+		{"1", "a run failed; or, with --interop, fewer than two languages could run, or their outputs differ"},
+		{"2", "bad usage"},
+	},
+	example: [][2]string{
+		{"The stampede on an embedded Redis.", "memolock demo"},
+		{"The same on a real server, 1,600 callers.", "memolock demo --redis redis://127.0.0.1:6379 --clients 8 --goroutines 200"},
+		{"Go, Python and C# processes on one key, from a clone's root.", "memolock demo --interop"},
+	},
+}
+
 func demo(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("memolock demo", flag.ContinueOnError)
-	fs.SetOutput(flagOutput(stderr, args))
-	redisURL := fs.String("redis", "", "Redis URL (default: an embedded miniredis)")
-	clients := fs.Int("clients", 8, "independent clients, each with its own connections, like separate processes")
-	goroutines := fs.Int("goroutines", 200, "goroutines per client")
-	fetch := fs.Duration("fetch", 200*time.Millisecond, "how long the expensive computation takes")
-	interop := fs.Bool("interop", false, "run Go, Python and C# processes (memolock run) on one key instead (--fetch at least 1s)")
-	interopDir := fs.String("interop-dir", "interop", "with --interop: the repository's interop directory")
-	perPeer := fs.Int("processes", 2, "with --interop: processes per language")
+	c := &demoCommand
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	redisURL := fs.String("redis", "", "`URL` of the Redis server to run on, redis:// or rediss:// (default: an embedded miniredis)")
+	clients := newInt(fs, "clients", 8, "`N` independent clients, each with connections of its own, as separate processes would have")
+	goroutines := newInt(fs, "goroutines", 200, "`N` goroutines per client")
+	fetch := newDuration(fs, "fetch", 200*time.Millisecond, "how long the expensive computation takes, a `DURATION`")
+	interop := fs.Bool("interop", false, "run Go, Python and C# processes (memolock run) on one key instead; --fetch at least 1s")
+	interopDir := fs.String("interop-dir", "interop", "with --interop: the interop directory of a memolock clone, a `DIR`")
+	perPeer := newInt(fs, "processes", 2, "with --interop: `N` processes per language, 1 to 50")
 	metrics := fs.Bool("metrics", false, "print the memolock run's OpenTelemetry metrics, as the SDK recorded them")
-	cluster := fs.Bool("cluster", false, "--redis is a Redis Cluster: redis://host:port?addr=host2:port2&addr=... (seed nodes)")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	cluster := fs.Bool("cluster", false, clusterUsage)
+	if code, ok := parse(c, fs, args, stdout, stderr); !ok {
+		return code
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "memolock demo: unexpected argument %q; --cluster takes no value, give the URL with --redis\n", redactArg(fs.Arg(0)))
-		return 2
+		return usageError(c, stderr, "unexpected argument %q; --cluster takes no value, give the URL with --redis", redactArg(fs.Arg(0)))
 	}
 	if *perPeer < 1 || *perPeer > 50 {
-		fmt.Fprintln(stderr, "memolock demo: --processes must be between 1 and 50")
-		return 2
+		return usageError(c, stderr, "--processes must be between 1 and 50")
 	}
 	if *clients < 1 || *goroutines < 1 || *fetch < 0 {
-		fmt.Fprintln(stderr, "memolock demo: --clients and --goroutines must be at least 1, --fetch not negative")
-		return 2
+		return usageError(c, stderr, "--clients and --goroutines must be at least 1, --fetch not negative")
 	}
 	if *clients > maxClients || *clients**goroutines > maxGoroutines {
-		fmt.Fprintf(stderr, "memolock demo: %d clients x %d goroutines is too many: the demo runs at most %d clients and %d goroutines in all (each costs a few KB)\n",
+		return usageError(c, stderr, "%d clients x %d goroutines is too many: the demo runs at most %d clients and %d goroutines in all (each costs a few KB)",
 			*clients, *goroutines, maxClients, maxGoroutines)
-		return 2
 	}
 
 	if *cluster && (*redisURL == "" || *interop) {
-		fmt.Fprintln(stderr, "memolock demo: --cluster needs --redis with a cluster URL, and does not apply to --interop")
-		return 2
+		return usageError(c, stderr, "--cluster needs --redis with a cluster URL, and does not apply to --interop")
 	}
 	opts := &redis.Options{}
 	// newRDB makes one client: of one server, or of the cluster.
@@ -61,10 +79,9 @@ func demo(args []string, stdout, stderr io.Writer) int {
 	where := "embedded miniredis"
 	url := *redisURL
 	if *cluster {
-		copts, err := redis.ParseClusterURL(*redisURL)
-		if err != nil || redact(*redisURL) == withheld {
-			fmt.Fprintf(stderr, "memolock demo: --redis %s is not a valid Redis Cluster URL\n", redact(*redisURL))
-			return 2
+		copts, err := parseClusterURL(*redisURL)
+		if err != nil {
+			return usageError(c, stderr, "--redis %v", err)
 		}
 		newRDB = func() redis.UniversalClient { o := *copts; return redis.NewClusterClient(&o) }
 		where = "cluster " + redact(*redisURL)
@@ -81,8 +98,7 @@ func demo(args []string, stdout, stderr io.Writer) int {
 	} else {
 		var err error
 		if opts, err = parseRedisURL(*redisURL); err != nil {
-			fmt.Fprintf(stderr, "memolock demo: --redis %v\n", err)
-			return 2
+			return usageError(c, stderr, "--redis %v", err)
 		}
 		where = redact(*redisURL)
 	}
@@ -97,8 +113,7 @@ func demo(args []string, stdout, stderr io.Writer) int {
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		if set["clients"] || set["goroutines"] {
-			fmt.Fprintln(stderr, "memolock demo: --clients and --goroutines do not apply to --interop; use --processes")
-			return 2
+			return usageError(c, stderr, "--clients and --goroutines do not apply to --interop; use --processes")
 		}
 		if *fetch < time.Second {
 			*fetch = time.Second // so that every process, Mono's and Python's too, starts before it ends
@@ -178,7 +193,7 @@ const (
 func printRow(stdout, stderr io.Writer, name string, res result, err error) bool {
 	if err != nil {
 		fmt.Fprintf(stdout, "%-15s %13s\n", name, "failed")
-		fmt.Fprintf(stderr, "memolock demo: %s run: %v\n", name, err)
+		fmt.Fprintf(stderr, "memolock demo: %s run: %s\n", name, libError(err))
 		return false
 	}
 	fmt.Fprintf(stdout, "%-15s %13d %12v %12v %15d\n", name, res.computations,

@@ -43,7 +43,7 @@ func findPeers(dir string, stderr io.Writer) []*peer {
 		env: []string{"PYTHONPATH=" + filepath.Join(dir, "python"), "PYTHONDONTWRITEBYTECODE=1"}}
 	switch {
 	case !exists(filepath.Join(dir, "python", "memolock", "__main__.py")):
-		py.missing = fmt.Sprintf("no Python peer in %s", filepath.Join(dir, "python"))
+		py.missing = fmt.Sprintf("no Python peer in %s (pass --interop-dir with the interop directory of a memolock clone)", filepath.Join(dir, "python"))
 	case !exists(python):
 		py.missing = python + " not found (apt-get install -y python3 python3-redis)"
 	default:
@@ -57,7 +57,7 @@ func findPeers(dir string, stderr io.Writer) []*peer {
 	_, monoErr := exec.LookPath("mono")
 	switch {
 	case !exists(filepath.Join(dir, "csharp", "build.sh")):
-		cs.missing = fmt.Sprintf("no C# peer in %s", filepath.Join(dir, "csharp"))
+		cs.missing = fmt.Sprintf("no C# peer in %s (pass --interop-dir with the interop directory of a memolock clone)", filepath.Join(dir, "csharp"))
 	case monoErr != nil:
 		cs.missing = "mono not found (apt-get install -y mono-runtime mono-mcs)"
 	default:
@@ -113,8 +113,17 @@ func demoInterop(dir, redisURL, where, id string, perPeer int, fetch time.Durati
 		}
 		found = append(found, p)
 	}
-	if len(found) == 0 {
-		fmt.Fprintln(stderr, "memolock demo: no peer can run here")
+	if len(found) < 2 {
+		// One language alone shows nothing about interoperation.
+		var names []string
+		for _, p := range found {
+			names = append(names, p.name)
+		}
+		can := "no language can"
+		if len(names) > 0 {
+			can = "only " + strings.Join(names, " and ") + " can"
+		}
+		fmt.Fprintf(stderr, "memolock demo: --interop needs two languages at least, and %s run here (see above)\n", can)
 		return 1
 	}
 	tmp, err := os.MkdirTemp("", "memolock-demo")
@@ -126,7 +135,7 @@ func demoInterop(dir, redisURL, where, id string, perPeer int, fetch time.Durati
 	runs := filepath.Join(tmp, "runs")
 
 	fmt.Fprintf(stdout, "memolock demo --interop: %d processes in %d languages ask for one missing key at once;\n",
-		perPeer*len(found), len(found))
+		perPeer*len(found), len(found)) // two at least: see above
 	fmt.Fprintf(stdout, "its command takes %v. Redis: %s.\n\n", fetch, where)
 
 	type outcome struct {

@@ -62,35 +62,57 @@ type inspection struct {
 	HolderBase64 string `json:"holder_base64,omitempty"`
 }
 
+var inspectCommand = command{
+	name:    "inspect",
+	summary: "show what Redis holds for one id, changing nothing",
+	usage: []string{
+		"inspect --tag T --id ID [--redis URL [--cluster]] [--hash-ids] [--json]",
+		"inspect --tag T (--id-hex HEX | --id-base64 B64) [flags]",
+	},
+	about: `Prints the value's size (never its bytes) and remaining TTL; whether it is a stale value put back after a failed fetch, or a cached "not found"; the stale copy kept for failing fetches; the lock's holder and TTL; and how many processes wait for the value (PUBSUB NUMSUB, or SHARDNUMSUB on the slot's master with --cluster; waiters that listen by pattern are not counted). It never computes, waits or writes: it reads in one read-only script (EVAL_RO, on Redis 7), so that a read-only ACL user can run it ('memolock check' tells), and asks for STRLEN rather than the value, so that a large value costs nothing.
+
+--json prints one object: tag, id, key (as placed and hashed); found, size, ttl_ms (-1: no expiry; null: no value); stale, stale_copy_ttl_ms; not_found, not_found_ttl_ms; lock ("free", "held", "done" after a store, "stale"), holder, lock_ttl_ms; value_subscribers, event_subscribers, waiters; and tag_base64, id_base64, key_base64, holder_base64 for those that are not valid UTF-8.`,
+	flags: []string{"tag", "id", "id-hex", "id-base64", "hash-ids", "json", "redis", "cluster"},
+	env:   true,
+	exits: [][2]string{
+		{"0", "Redis answered, whatever it holds"},
+		{"1", "Redis could not be reached, refused, or did not answer within 5s"},
+		{"2", "bad usage"},
+	},
+	example: [][2]string{
+		{"Who computes the November report, and how many wait for it.", "memolock inspect --tag reports --id 2026-11"},
+		{"The same for a script.", "memolock inspect --tag reports --id 2026-11 --json | jq .waiters"},
+	},
+}
+
 func inspect(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("memolock inspect", flag.ContinueOnError)
-	fs.SetOutput(flagOutput(stderr, args))
-	redisURL := fs.String("redis", "", "Redis URL (default $MEMOLOCK_REDIS, then "+defaultRedisURL+")")
-	cluster := fs.Bool("cluster", false, "--redis is a Redis Cluster: redis://host:port?addr=host2:port2&addr=... (seed nodes)")
-	tag := fs.String("tag", "", "key tag (required)")
-	var ids idList
-	fs.Var(&ids, "id", "key id (required, once)")
-	hashIDs := fs.Bool("hash-ids", false, "ids are hashed on the wire (the clients use Options.HashIDs)")
+	c := &inspectCommand
+	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
+	redisURL := fs.String("redis", "", redisUsage)
+	cluster := fs.Bool("cluster", false, clusterUsage)
+	tag := fs.String("tag", "", "the key's `TAG` (required)")
+	var idArgs idFlags
+	idArgs.define(fs, " (one of the three is required, once)")
+	hashIDs := fs.Bool("hash-ids", false, "the id is hashed on the wire, as clients with Options.HashIDs hash it")
 	asJSON := fs.Bool("json", false, "print one JSON object")
-	if code, ok := parseFlags(fs, args); !ok {
+	if code, ok := parse(c, fs, args, stdout, stderr); !ok {
 		return code
 	}
+	ids, err := idArgs.all()
 	switch {
+	case err != nil:
+		return usageError(c, stderr, "%v", err)
 	case *tag == "" || len(ids) == 0:
-		fmt.Fprintln(stderr, "memolock inspect: --tag and --id are required")
-		return exitUsage
+		return usageError(c, stderr, "--tag and --id (or --id-hex, --id-base64) are required")
 	case len(ids) > 1:
-		fmt.Fprintf(stderr, "memolock inspect: --id given %d times; inspect shows one id: run it once per id\n", len(ids))
-		return exitUsage
+		return usageError(c, stderr, "--id given %d times (counting --id-hex and --id-base64); inspect shows one id: run it once per id", len(ids))
 	case fs.NArg() > 0:
-		fmt.Fprintf(stderr, "memolock inspect: unexpected argument %q; give the id with --id (--cluster takes no value)\n", redactArg(fs.Arg(0)))
-		return exitUsage
+		return usageError(c, stderr, "unexpected argument %q; give the id with --id (--cluster takes no value)", redactArg(fs.Arg(0)))
 	}
 	id := ids[0]
 	keys, err := memolock.NewKeyScheme(*tag)
 	if err != nil {
-		fmt.Fprintf(stderr, "memolock inspect: %v\n", err)
-		return exitUsage
+		return usageError(c, stderr, "%s", libError(err))
 	}
 	// The id as the clients send it: hashed with HashIDs, placed on a
 	// cluster.
@@ -100,20 +122,17 @@ func inspect(args []string, stdout, stderr io.Writer) int {
 	}
 	if *cluster {
 		if strings.ContainsAny(*tag, "{}") {
-			fmt.Fprintf(stderr, "memolock inspect: tag %q contains a brace; on a cluster the id's braces must be the first in every key\n", *tag)
-			return exitUsage
+			return usageError(c, stderr, "tag %q contains a brace; on a cluster the id's braces must be the first in every key", *tag)
 		}
 		var ok bool
 		if wire, ok = memolock.PlaceID(wire); !ok {
-			fmt.Fprintf(stderr, "memolock inspect: --id %s cannot be placed in a cluster slot (it is empty or starts with \"}\"); pass --hash-ids if the clients hash ids (Options.HashIDs), as they must to use it\n", show(id))
-			return exitUsage
+			return usageError(c, stderr, "--id %s cannot be placed in a cluster slot (it is empty or starts with \"}\"); pass --hash-ids if the clients hash ids (Options.HashIDs), as they must to use it", show(id))
 		}
 	}
 	url := redisURLOrDefault(*redisURL)
 	rdb, err := openRedis(url, *cluster)
 	if err != nil {
-		fmt.Fprintf(stderr, "memolock inspect: --redis %v\n", err)
-		return exitUsage
+		return usageError(c, stderr, "--redis %v", err)
 	}
 	defer rdb.Close()
 
@@ -123,18 +142,20 @@ func inspect(args []string, stdout, stderr io.Writer) int {
 	var res []any
 	err = within(ctx, func(ctx context.Context) error {
 		var err error
-		res, err = inspectScript.Run(ctx, rdb, []string{keys.Value(wire), keys.Lock(wire), keys.NotFound(wire), keys.Stale(wire)}).Slice()
+		ks := []string{keys.Value(wire), keys.Lock(wire), keys.NotFound(wire), keys.Stale(wire)}
+		// Read-only, so that a user with read-only keys (%R~) may run it;
+		// Redis before 7 has no EVAL_RO.
+		res, err = inspectScript.RunRO(ctx, rdb, ks).Slice()
+		if err != nil && strings.Contains(strings.ToLower(err.Error()), "unknown command") {
+			res, err = inspectScript.Run(ctx, rdb, ks).Slice()
+		}
 		return err
 	})
 	if err == nil {
 		err = in.read(res)
 	}
 	if err != nil {
-		hint := ""
-		if msg := err.Error(); !*cluster && (strings.Contains(msg, "MOVED ") || strings.Contains(msg, "CROSSSLOT ")) {
-			hint = "; this is a Redis Cluster: pass --cluster"
-		}
-		fmt.Fprintf(stderr, "memolock inspect: reading %s: %v (redis %s)%s\n", show(in.Key), err, redact(url), hint+timedOut(err))
+		fmt.Fprintf(stderr, "memolock inspect: reading %s: %v (redis %s)%s\n", show(in.Key), err, redact(url), redisHint(err, url)+timedOut(err))
 		return exitFailure
 	}
 	notif, events := keys.Notif(wire), keys.Events(wire)
@@ -153,7 +174,7 @@ func inspect(args []string, stdout, stderr io.Writer) int {
 		return err
 	})
 	if err != nil {
-		fmt.Fprintf(stderr, "memolock inspect: counting the subscribers of %s: %v (redis %s)%s\n", show(notif), err, redact(url), timedOut(err))
+		fmt.Fprintf(stderr, "memolock inspect: counting the subscribers of %s: %v (redis %s)%s\n", show(notif), err, redact(url), redisHint(err, url)+timedOut(err))
 		return exitFailure
 	}
 	in.ValueListeners, in.EventListeners = subs[notif], subs[events]
@@ -265,20 +286,6 @@ func millis(ms int64) *int64 {
 		ms = -1
 	}
 	return &ms
-}
-
-// parseFlags parses args into fs. It reports false, with the exit code,
-// when the command should stop: 0 for -h, 2 for bad flags (fs has said
-// why).
-func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
-	err := fs.Parse(args)
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-		return 0, false
-	case err != nil:
-		return exitUsage, false
-	}
-	return 0, true
 }
 
 // redisURLOrDefault is a --redis flag's value, or $MEMOLOCK_REDIS, or the

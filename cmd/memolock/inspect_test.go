@@ -335,10 +335,10 @@ func TestInspect_BadUsage(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"inspect"}, "--tag and --id are required"},
-		{[]string{"inspect", "--tag", "t"}, "--tag and --id are required"},
-		{[]string{"inspect", "--id", "i"}, "--tag and --id are required"},
-		{[]string{"inspect", "--tag", "t", "--id", "i", "--bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"inspect"}, "--tag and --id (or --id-hex, --id-base64) are required"},
+		{[]string{"inspect", "--tag", "t"}, "--tag and --id (or --id-hex, --id-base64) are required"},
+		{[]string{"inspect", "--id", "i"}, "--tag and --id (or --id-hex, --id-base64) are required"},
+		{[]string{"inspect", "--tag", "t", "--id", "i", "--bogus"}, "unknown flag --bogus"},
 		{[]string{"inspect", "--tag", "t", "--id", "i", "extra"}, `unexpected argument "extra"`},
 		{[]string{"inspect", "--tag", "a/lock", "--id", "i"}, `contains "/lock"`},
 		{[]string{"inspect", "--tag", "t", "--id", "i", "--redis", "bogus://h:1"}, "not of the form"},

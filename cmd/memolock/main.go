@@ -1,10 +1,21 @@
 // Command memolock shows memolock working, memoizes commands through Redis,
-// and shows an operator what memolock keeps in Redis.
+// shows an operator what memolock keeps in Redis, and checks what a Redis
+// user may do for it.
 //
 //	memolock demo [--redis URL [--cluster]] [--clients N] [--goroutines N] [--fetch D] [--metrics]
-//	memolock run --tag T --id ID --ttl D [--redis URL [--cluster]] [--lock-ttl D] [--wait D] -- CMD [ARGS...]
-//	memolock inspect --tag T --id ID [--redis URL [--cluster]] [--hash-ids] [--json]
+//	memolock run --tag T (--id ID | --id-hex HEX | --id-base64 B64) --ttl D [--redis URL [--cluster]] [--lock-ttl D] [--wait D] [--quiet] -- CMD [ARGS...]
+//	memolock inspect --tag T (--id ID | --id-hex HEX | --id-base64 B64) [--redis URL [--cluster]] [--hash-ids] [--json]
 //	memolock watch --tag T [--id ID ...] [--redis URL [--cluster]] [--hash-ids]
+//	memolock check --tag T [--redis URL [--cluster]] [--features LIST]
+//	memolock version | --version
+//	memolock help [COMMAND] | COMMAND --help
+//
+// Each command's help page (cli.go has their common layout) is what a user
+// reads; what follows is the detail behind it.
+//
+// check tries, as the URL's user, what each feature of memolock does on
+// the server for one tag, and names the ACL rules that are missing (see
+// aclRecipe in check.go, which the README prints).
 //
 // demo runs a stampede on one missing key, with memolock and without it, on
 // an embedded miniredis unless --redis is given. With --metrics it then
@@ -125,73 +136,44 @@ type quiet struct{}
 
 func (quiet) Printf(context.Context, string, ...any) {}
 
-const usage = `usage:
-  memolock demo [--redis URL [--cluster]] [--clients N] [--goroutines N] [--fetch D] [--metrics]
-  memolock demo --interop [--redis URL] [--processes N] [--interop-dir DIR]
-  memolock run --tag T --id ID --ttl D [--redis URL [--cluster]] [--lock-ttl D] [--wait D] -- CMD [ARGS...]
-  memolock inspect --tag T --id ID [--redis URL [--cluster]] [--hash-ids] [--json]
-      what Redis holds for one id: value size and TTL, stale and "not found"
-      state, the lock's holder and TTL, and how many processes wait
-  memolock watch --tag T [--id ID ...] [--redis URL [--cluster]] [--hash-ids]
-      a live feed of the tag's values, holder failures and takeovers, until ^C
-`
-
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return 2
+		mainHelp(stderr)
+		return exitUsage
 	}
 	switch args[0] {
-	case "demo":
-		return demo(args[1:], stdout, stderr)
-	case "run":
-		return runCmd(args[1:], stdout, stderr)
-	case "inspect":
-		return inspect(args[1:], stdout, stderr)
-	case "watch":
-		return watch(args[1:], stdout, stderr)
-	case "-h", "--help", "help":
-		fmt.Fprint(stdout, usage)
+	case "-h", "--help", "-help":
+		mainHelp(stdout)
 		return 0
+	case "--version", "-version":
+		return version(args[1:], stdout, stderr)
 	}
-	fmt.Fprintf(stderr, "memolock: unknown command %q\n%s", redactArg(args[0]), usage)
-	return 2
+	if c := findCommand(args[0]); c != nil {
+		return dispatch(c.name, args[1:], stdout, stderr)
+	}
+	fmt.Fprintf(stderr, "memolock: unknown command %q\nRun 'memolock --help' for the list of commands.\n", redactArg(args[0]))
+	return exitUsage
 }
 
-// parseRedisURL parses a --redis URL. Only redis://, rediss:// and
-// unix:// URLs with a host (or socket path) are taken: go-redis reads other
-// forms, such as "user:pass@host" or a bare word, as localhost:6379. Its
-// errors never quote the URL.
-func parseRedisURL(raw string) (*redis.Options, error) {
-	if redact(raw) == withheld {
-		return nil, fmt.Errorf("%s is not of the form redis://[user:password@]host:port/db", withheld)
+// dispatch runs the command called name.
+func dispatch(name string, args []string, stdout, stderr io.Writer) int {
+	switch name {
+	case "demo":
+		return demo(args, stdout, stderr)
+	case "run":
+		return runCmd(args, stdout, stderr)
+	case "inspect":
+		return inspect(args, stdout, stderr)
+	case "watch":
+		return watch(args, stdout, stderr)
+	case "check":
+		return check(args, stdout, stderr)
+	case "version":
+		return version(args, stdout, stderr)
+	case "help":
+		return help(args, stdout, stderr)
 	}
-	opts, err := redis.ParseURL(raw)
-	if err != nil {
-		// The parse error may quote the URL, password and all.
-		return nil, fmt.Errorf("%s is not a valid Redis URL", redact(raw))
-	}
-	return opts, nil
-}
-
-// openRedis returns a client for a --redis URL: a cluster client, with
-// the URL's host and each addr parameter as seed nodes, if cluster is set.
-func openRedis(raw string, cluster bool) (redis.UniversalClient, error) {
-	if !cluster {
-		opts, err := parseRedisURL(raw)
-		if err != nil {
-			return nil, err
-		}
-		return redis.NewClient(opts), nil
-	}
-	if redact(raw) == withheld {
-		return nil, fmt.Errorf("%s is not of the form redis://[user:password@]host:port?addr=host2:port2", withheld)
-	}
-	opts, err := redis.ParseClusterURL(raw)
-	if err != nil {
-		return nil, fmt.Errorf("%s is not a valid Redis Cluster URL", redact(raw))
-	}
-	return redis.NewClusterClient(opts), nil
+	panic("no command " + name)
 }
 
 const withheld = "(URL withheld)"

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -160,7 +161,7 @@ func TestRun_ConcurrentInvocationsRunCommandOnce(t *testing.T) {
 	}
 	waited := 0
 	for _, r := range results {
-		if strings.Contains(r.stderr, "memolock: waiting for cli:report, computed by ") && strings.Contains(r.stderr, "s)") {
+		if strings.HasPrefix(r.stderr, "memolock run: waiting for cli:report, computed by ") {
 			waited++
 		}
 	}
@@ -233,21 +234,36 @@ func TestRun_FailingCommandCachesNothing(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer rdb.Close()
 	ctx := context.Background()
-	deadline := time.Now().Add(20 * time.Second)
-	for rdb.Exists(ctx, "cli/lock:bad").Val() == 0 {
-		if time.Now().After(deadline) {
-			os.WriteFile(gate, nil, 0o644)
-			t.Fatal("holder never took the lock")
+	deadline := time.Now().Add(60 * time.Second)
+	until := func(what string, cond func() bool) {
+		t.Helper()
+		for !cond() {
+			if time.Now().After(deadline) {
+				_ = os.WriteFile(gate, nil, 0o644)
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(5 * time.Millisecond)
 		}
-		time.Sleep(5 * time.Millisecond)
+	}
+	// DBSIZE, not EXISTS, which would count as key misses below.
+	until("the holder to take the lock", func() bool { return rdb.DBSize(ctx).Val() > 0 })
+	// Every acquire misses the same keys (value, not-found marker) while
+	// no value is stored: the holder's one lookup is the unit, and the
+	// waiter makes two, the second once its subscription is live. Only
+	// after that one may the command fail: a failure released before it
+	// leaves the lock free, and the waiter would run the command itself.
+	lookup := keyspaceMisses(t, rdb)
+	if lookup == 0 {
+		t.Fatal("the holder's lookup missed no key: lookups cannot be counted by key misses")
 	}
 	waiterc := make(chan invocation, 1)
 	go func() {
 		waiterc <- memolockCmd(t, nil, "run", "--redis", url, "--tag", "cli", "--id", "bad", "--ttl", "1m", "--", "sh", "-c", "echo waiter ran")
 	}()
-	for rdb.PubSubNumSub(ctx, "cli/lock-event:bad").Val()["cli/lock-event:bad"] < 1 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	until("the waiter to subscribe to holder events", func() bool {
+		return rdb.PubSubNumSub(ctx, "cli/lock-event:bad").Val()["cli/lock-event:bad"] >= 1
+	})
+	until("the waiter's lookup once subscribed", func() bool { return keyspaceMisses(t, rdb) >= 3*lookup })
 	if err := os.WriteFile(gate, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -265,6 +281,27 @@ func TestRun_FailingCommandCachesNothing(t *testing.T) {
 	if n := rdb.Exists(context.Background(), "cli:bad", "cli/lock:bad").Val(); n != 0 {
 		t.Error("something was cached or locked after a failed command")
 	}
+}
+
+// keyspaceMisses is the server's count of key lookups that found nothing
+// (INFO stats), scripts' included.
+func keyspaceMisses(t *testing.T, rdb *redis.Client) int64 {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "stats").Result()
+	if err != nil {
+		t.Fatalf("INFO stats: %v", err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "keyspace_misses:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("INFO stats: keyspace_misses %q", v)
+			}
+			return n
+		}
+	}
+	t.Fatalf("INFO stats has no keyspace_misses:\n%s", info)
+	return 0
 }
 
 func TestRun_WaitLimit(t *testing.T) {
@@ -291,7 +328,6 @@ func TestRun_PasswordNeverPrinted(t *testing.T) {
 		{nil, []string{"run", "--redis", "redis://127.0.0.1:1/0?password=s3cret-pw&dial_timeout=1s", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"}},
 		{nil, []string{"run", "--redis", "redis://127.0.0.1:1/0?password=s3cret-pw&bogus=1", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"}},
 		{[]string{"MEMOLOCK_REDIS=redis://u:s3cret-pw@127.0.0.1:1"}, []string{"run", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"}},
-		{[]string{"MEMOLOCK_REDIS=redis://u:s3cret-pw@127.0.0.1:1"}, []string{"run", "-h"}},
 		{[]string{"MEMOLOCK_REDIS=redis://u:s3cret-pw@127.0.0.1:1"}, []string{"run", "--bogus-flag"}},
 		{nil, []string{"run", "--redis", "default:s3cret-pw@127.0.0.1:1", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"}},
 		{nil, []string{"run", "--redis", "redis:s3cret-pw@127.0.0.1:1", "--tag", "t", "--id", "i", "--ttl", "1s", "--", "echo"}},
@@ -328,7 +364,7 @@ func TestRun_BadUsage(t *testing.T) {
 	}{
 		{nil, "usage"},
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
-		{[]string{"run", "--id", "i", "--ttl", "1s", "--", "echo"}, "--tag and --id are required"},
+		{[]string{"run", "--id", "i", "--ttl", "1s", "--", "echo"}, "--tag and --id (or --id-hex, --id-base64) are required"},
 		{[]string{"run", "--tag", "t", "--id", "i", "--", "echo"}, "--ttl is required"},
 		{[]string{"run", "--tag", "t", "--id", "i", "--ttl", "1s"}, "no command given"},
 		{[]string{"run", "--tag", "a/lock", "--id", "i", "--ttl", "1s", "--", "echo"}, `contains "/lock"`},

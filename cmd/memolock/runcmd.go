@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -56,68 +57,109 @@ type startError struct {
 
 func (e *startError) Error() string { return e.err.Error() }
 
-// errInterrupted ends a run that a signal interrupted.
-var errInterrupted = errors.New("interrupted")
+// errInterrupted ends a run that a signal interrupted. It is a
+// cancellation (it matches context.Canceled), so that the library hands the
+// lock over to a waiter elsewhere instead of failing it.
+var errInterrupted error = interrupted{}
+
+type interrupted struct{}
+
+func (interrupted) Error() string { return "interrupted" }
+func (interrupted) Unwrap() error { return context.Canceled }
+
+var runCommand = command{
+	name:    "run",
+	summary: "run a command once across machines, and print its output, cached in Redis",
+	usage: []string{
+		"run --tag T --id ID --ttl DURATION [flags] -- CMD [ARGS...]",
+		"run --tag T (--id-hex HEX | --id-base64 B64) --ttl DURATION [flags] -- CMD [ARGS...]",
+	},
+	about: `Runs CMD at most once at a time per key across every process and machine that shares the Redis server, and prints its standard output. An invocation that comes while another one runs CMD waits for it, then prints the same bytes; one that comes later, within --ttl, prints them from Redis without running anything.
+
+The key is --tag and --id, not the command: invocations with the same tag and id share one output whatever their commands are, so put in the id whatever the output depends on. Only standard output is cached. Standard error passes through, and the exit status is that of the run that computed; if CMD fails, nothing is cached, the invocation that ran it passes its output and status through, and the waiting ones exit 1 at once.
+
+On a terminal, a status line on stderr shows whom the invocation waits for, or how long CMD has run here, updated in place; CMD's stderr then reaches the terminal through memolock, so that the line stays below it (--quiet hands CMD the terminal itself). Off a terminal, a waiting invocation says so once when the wait starts, then at most once every 30s, and once more if the lock came free and CMD runs here after all.
+
+On a signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) memolock stops every process of CMD, SIGTERM first and SIGKILL 2s later (at once on a second signal), then releases the lock: a waiting invocation takes over at once.`,
+	flags: []string{"tag", "id", "id-hex", "id-base64", "ttl", "lock-ttl", "wait", "redis", "cluster", "quiet"},
+	env:   true,
+	exits: [][2]string{
+		{"0", "the output was printed: computed here, by another invocation, or from Redis"},
+		{"N", "CMD's own status, when it ran here and failed (its output is printed too)"},
+		{"1", "CMD failed where it ran, in another invocation; or Redis could not be reached, or refused"},
+		{"2", "bad usage"},
+		{"124", "--wait ran out (as timeout(1) exits)"},
+		{"126", "CMD cannot be executed (or its #! interpreter is missing)"},
+		{"127", "CMD was not found"},
+		{"128+N", "CMD was killed by signal N, or signal N interrupted memolock: 130 for SIGINT, 143 for SIGTERM"},
+	},
+	example: [][2]string{
+		{"Build a report once, whichever machine asks first; the others print the same bytes.", "memolock run --tag reports --id 2026-11 --ttl 1h -- ./build-report 2026-11"},
+		{"Give up after 30s of waiting for another machine (exit 124).", "memolock run --tag reports --id 2026-11 --ttl 1h --wait 30s -- ./build-report 2026-11"},
+		{"An id that is not text.", "memolock run --tag blobs --id-hex 00ff17 --ttl 10m -- ./fetch-blob 00ff17"},
+		{"A server with a password: the colon before it matters.", "MEMOLOCK_REDIS=redis://:PASSWORD@cache:6379 memolock run --tag t --id x --ttl 1m -- date"},
+	},
+}
 
 func runCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("memolock run", flag.ContinueOnError)
-	fs.SetOutput(flagOutput(stderr, args))
-	// The default is not the flag's default value: the usage text would
+	c := &runCommand
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	tag := fs.String("tag", "", "the key's `TAG`, which every key and channel of the id starts with (required)")
+	var ids idFlags
+	ids.define(fs, "")
+	ttl := newDuration(fs, "ttl", 0, "how long the output stays cached: a `DURATION` such as 30s, 10m or 1h; 0 keeps it for ever (required)")
+	lockTTL := newDuration(fs, "lock-ttl", memolock.DefaultLockTTL, "how long others wait (a `DURATION`) before they take over from an invocation that died without a word; renewed while CMD runs")
+	wait := newDuration(fs, "wait", 0, "give up waiting after this long (a `DURATION`) and exit 124; 0 waits as long as it takes")
+	// The default is not the flag's default value: the help page would
 	// print $MEMOLOCK_REDIS, password and all.
-	redisURL := fs.String("redis", "", "Redis URL (default $MEMOLOCK_REDIS, then "+defaultRedisURL+")")
-	tag := fs.String("tag", "", "key tag (required)")
-	id := fs.String("id", "", "key id (required)")
-	ttl := fs.Duration("ttl", 0, "how long the output stays cached, 0 for ever (required)")
-	lockTTL := fs.Duration("lock-ttl", memolock.DefaultLockTTL, "lock TTL: how soon others take over if this process dies")
-	wait := fs.Duration("wait", 0, "give up waiting after this long, exit 124 (0: no limit)")
-	cluster := fs.Bool("cluster", false, "--redis is a Redis Cluster: redis://host:port?addr=host2:port2&addr=... (seed nodes)")
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+	redisURL := fs.String("redis", "", redisUsage)
+	cluster := fs.Bool("cluster", false, clusterUsage)
+	quiet := fs.Bool("quiet", false, quietUsage)
+	if code, ok := parse(c, fs, args, stdout, stderr); !ok {
+		return code
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	argv := fs.Args()
+	id, given, idErr := ids.one()
 	switch {
-	case *tag == "" || *id == "":
-		fmt.Fprintln(stderr, "memolock run: --tag and --id are required")
-		return exitUsage
+	case idErr != nil:
+		return usageError(c, stderr, "%v", idErr)
+	case *tag == "" || !given || id == "":
+		return usageError(c, stderr, "--tag and --id (or --id-hex, --id-base64) are required")
 	case !set["ttl"]:
-		fmt.Fprintln(stderr, "memolock run: --ttl is required (0 caches for ever)")
-		return exitUsage
+		return usageError(c, stderr, "--ttl is required (0 caches for ever)")
 	case *ttl < 0:
-		fmt.Fprintf(stderr, "memolock run: --ttl %v is negative; give how long the output stays cached, or 0 for ever\n", *ttl)
-		return exitUsage
+		return usageError(c, stderr, "--ttl %v is negative; give how long the output stays cached, or 0 for ever", *ttl)
 	case *wait < 0:
-		fmt.Fprintf(stderr, "memolock run: --wait %v is negative; give a limit, or 0 for none\n", *wait)
-		return exitUsage
+		return usageError(c, stderr, "--wait %v is negative; give a limit, or 0 for none", *wait)
 	case len(argv) == 0:
-		fmt.Fprintln(stderr, "memolock run: no command given; put it after --")
-		return exitUsage
+		return usageError(c, stderr, "no command given; put it after --")
 	case strings.Contains(argv[0], "://") || mayHoldPassword(argv[0]) && strayBeforeDashes(args, argv):
 		// A URL after --cluster, which takes none, would otherwise run
 		// as the command, and be printed if it failed to start.
-		fmt.Fprintf(stderr, "memolock run: unexpected argument %q before the command; give the URL with --redis, and the command after --\n", redactArg(argv[0]))
-		return exitUsage
+		return usageError(c, stderr, "unexpected argument %q before the command; give the URL with --redis, and the command after --", redactArg(argv[0]))
 	}
-	if *redisURL == "" {
-		*redisURL = os.Getenv("MEMOLOCK_REDIS")
-	}
-	if *redisURL == "" {
-		*redisURL = defaultRedisURL
-	}
-
-	rdb, err := openRedis(*redisURL, *cluster)
+	url := redisURLOrDefault(*redisURL)
+	rdb, err := openRedis(url, *cluster)
 	if err != nil {
-		fmt.Fprintf(stderr, "memolock run: --redis %v\n", err)
-		return exitUsage
+		return usageError(c, stderr, "--redis %v", err)
 	}
 	defer rdb.Close()
 
-	p := &progress{stderr: stderr, name: *tag + ":" + *id, started: time.Now()}
-	c, err := memolock.New(rdb, *tag, &memolock.Options{LockTTL: *lockTTL, OnWait: p.waiting})
+	st := newStatus(stderr, show(*tag+":"+id), *quiet)
+	var (
+		holder  atomic.Value // whom we waited for, last
+		fetched atomic.Bool  // the command ran here
+	)
+	onWait := func(id, h string) {
+		holder.Store(h)
+		st.waiting(id, h)
+	}
+	mc, err := memolock.New(rdb, *tag, &memolock.Options{LockTTL: *lockTTL, OnWait: onWait})
 	if err != nil {
-		fmt.Fprintf(stderr, "memolock run: %v\n", err)
-		return exitUsage
+		st.done()
+		return usageError(c, stderr, "%s", libError(err))
 	}
 
 	sig := catchSignals()
@@ -129,14 +171,18 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		defer cancel()
 	}
 
+	started := time.Now()
 	var partial []byte // the output of a command that failed here
-	out, err := c.Get(ctx, *id, func(fctx context.Context, _ *memolock.Lease) ([]byte, time.Duration, error) {
-		out, err := runGroup(fctx, sig, argv, stderr)
+	out, err := mc.Get(ctx, id, func(fctx context.Context, _ *memolock.Lease) ([]byte, time.Duration, error) {
+		fetched.Store(true)
+		st.computing()
+		out, err := runGroup(fctx, sig, argv, stderr, st)
 		if errors.Is(err, errInterrupted) {
-			// Not a failure for waiters elsewhere to report: closing from
-			// inside fetch hands the lock over with an abandon event, so
-			// that one of them runs the command.
-			_ = c.Close()
+			// Not a failure for waiters elsewhere to report: a fetch that
+			// Close cancelled, and that fails for that (errInterrupted
+			// matches context.Canceled), hands the lock over with an
+			// abandon event, so that one of them runs the command.
+			_ = mc.Close()
 		}
 		if err != nil {
 			partial = out
@@ -146,8 +192,8 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	})
 	// Close releases our lock if we still hold one (on a signal, say), once
 	// the command's processes are gone.
-	_ = c.Close()
-	p.stop()
+	_ = mc.Close()
+	st.done()
 
 	var (
 		ee *exitError
@@ -173,13 +219,23 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "memolock run: %v\n", se.err)
 		return se.code
 	case errors.Is(err, memolock.ErrHolderFailed):
-		fmt.Fprintf(stderr, "memolock run: the command failed where it ran: %v\n", err)
+		fmt.Fprintf(stderr, "memolock run: the command failed where it ran: %s\n", libError(err))
 		return exitFailure
 	case errors.Is(err, memolock.ErrTimeout) && errors.Is(err, context.DeadlineExceeded):
-		fmt.Fprintf(stderr, "memolock run: gave up after %.1fs (--wait %v): %v\n", time.Since(p.started).Seconds(), *wait, err)
+		h, _ := holder.Load().(string)
+		switch {
+		case fetched.Load():
+			fmt.Fprintf(stderr, "memolock run: --wait %v ran out while the command ran here\n", *wait)
+		case h != "":
+			fmt.Fprintf(stderr, "memolock run: gave up waiting for %s after %.1fs (--wait %v): %s computes it, and has not finished\n",
+				show(*tag+":"+id), time.Since(started).Seconds(), *wait, h)
+		default:
+			// Nobody was seen holding the lock: Redis never answered.
+			fmt.Fprintf(stderr, "memolock run: Redis (%s) did not answer within --wait %v%s\n", redact(url), *wait, redisHint(err, url))
+		}
 		return exitWaitLimit
 	}
-	fmt.Fprintf(stderr, "memolock run: %v (redis %s)\n", err, redact(*redisURL))
+	fmt.Fprintf(stderr, "memolock run: %s (redis %s)%s\n", libError(err), redact(url), redisHint(err, url))
 	return exitFailure
 }
 
@@ -196,8 +252,9 @@ func strayBeforeDashes(args, argv []string) bool {
 // runGroup runs argv and returns its standard output. If ctx ends (Close)
 // or a signal arrives, it stops every process of the command (see
 // stopAll): SIGTERM, then SIGKILL after killGrace (at once on a second
-// signal). It returns only once they are all gone.
-func runGroup(ctx context.Context, sig *signals, argv []string, stderr io.Writer) ([]byte, error) {
+// signal). It returns only once they are all gone. With a status line on
+// a terminal, the command's stderr passes through st, below the line.
+func runGroup(ctx context.Context, sig *signals, argv []string, stderr io.Writer, st *status) ([]byte, error) {
 	select {
 	case <-ctx.Done():
 		return nil, errInterrupted
@@ -205,15 +262,42 @@ func runGroup(ctx context.Context, sig *signals, argv []string, stderr io.Writer
 		return nil, errInterrupted
 	default:
 	}
-	// Our own pipe rather than exec's: after stopping the command we must
-	// not wait for a process that holds the pipe open.
+	// Our own pipes rather than exec's: after stopping the command we must
+	// not wait for a process that holds a pipe open.
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
-	cmd, err := start(argv, w, stderr)
+	cmdStderr := stderr
+	relayed := make(chan struct{})
+	close(relayed)
+	if st.onTerminal() {
+		er, ew, err := os.Pipe()
+		if err != nil {
+			w.Close()
+			return nil, err
+		}
+		defer er.Close()
+		relayed = st.stderrRelay(er)
+		cmdStderr = ew
+		defer func() {
+			// The last of the command's stderr, before anything memolock
+			// says about its end; a process it left behind that holds
+			// stderr open does not hold memolock up for long.
+			t := time.NewTimer(200 * time.Millisecond)
+			defer t.Stop()
+			select {
+			case <-relayed:
+			case <-t.C:
+			}
+		}()
+	}
+	cmd, err := start(argv, w, cmdStderr)
 	w.Close()
+	if f, ok := cmdStderr.(*os.File); ok && f != stderr {
+		f.Close()
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -416,48 +500,4 @@ func (s *signals) stop() {
 	close(s.done)
 	s.wg.Wait()
 	s.cancel()
-}
-
-// progress says on stderr, once a second, that the invocation waits.
-type progress struct {
-	stderr  io.Writer
-	name    string
-	started time.Time
-
-	mu   sync.Mutex
-	quit chan struct{} // closed to stop the messages
-	wg   sync.WaitGroup
-}
-
-func (p *progress) waiting(_, holder string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.quit != nil {
-		return
-	}
-	p.quit = make(chan struct{})
-	p.wg.Add(1)
-	go func(quit chan struct{}) {
-		defer p.wg.Done()
-		tick := time.NewTicker(time.Second)
-		defer tick.Stop()
-		for {
-			fmt.Fprintf(p.stderr, "memolock: waiting for %s, computed by %s (%.1fs)\n",
-				p.name, holder, time.Since(p.started).Seconds())
-			select {
-			case <-tick.C:
-			case <-quit:
-				return
-			}
-		}
-	}(p.quit)
-}
-
-func (p *progress) stop() {
-	p.mu.Lock()
-	if p.quit != nil {
-		close(p.quit)
-	}
-	p.mu.Unlock()
-	p.wg.Wait()
 }

@@ -156,7 +156,7 @@ func TestRun_JobControlOnATerminal(t *testing.T) {
 	typeLine := func(line string) { _, _ = fmt.Fprintln(w, line) }
 	expect := func(what string) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
+		deadline := time.Now().Add(20 * time.Second)
 		for !strings.Contains(out.String(), what) {
 			if time.Now().After(deadline) {
 				t.Fatalf("no %q on the terminal: %q", what, out.String())
@@ -166,8 +166,9 @@ func TestRun_JobControlOnATerminal(t *testing.T) {
 	}
 	run := fmt.Sprintf("%s run --redis redis://%s --tag jc --ttl 1m --lock-ttl 30s", binary, srv.Addr)
 
-	// ^Z, then fg.
-	typeLine(fmt.Sprintf("%s --id 1 -- sh -c 'touch %s; sleep 1; echo slept'", run, started))
+	// ^Z, then fg. The command sleeps long enough for the ^Z to find it
+	// running on a loaded machine.
+	typeLine(fmt.Sprintf("%s --id 1 -- sh -c 'touch %s; sleep 3; echo slept'", run, started))
 	eventually(t, 10*time.Second, "the command to start", func() bool { _, err := os.Stat(started); return err == nil })
 	_, _ = w.Write([]byte{0x1a}) // ^Z
 	expect("Stopped")

@@ -43,16 +43,6 @@ const (
 	stampLayout = "2006-01-02T15:04:05.000000Z07:00"
 )
 
-// idList is a repeatable --id flag.
-type idList []string
-
-func (l *idList) String() string { return strings.Join(*l, ",") }
-
-func (l *idList) Set(s string) error {
-	*l = append(*l, s)
-	return nil
-}
-
 // watcher prints the traffic of one tag. Its fields are set up by watch
 // and then belong to the goroutine in run (the feed); the readers of the
 // subscriptions hand it what they receive, and the lookup workers what
@@ -65,6 +55,7 @@ type watcher struct {
 	out     *lineQueue        // stdout
 	errs    *lineQueue        // stderr
 	locks   *lockBook
+	url     string      // the --redis URL, for hints; never printed as it is
 	lookups chan lookup // to the workers; the feed never waits to send
 	answers chan answer // from the workers
 }
@@ -106,34 +97,56 @@ type answer struct {
 	err  error
 }
 
+var watchCommand = command{
+	name:    "watch",
+	summary: "print a tag's traffic as it happens: values, failures, takeovers",
+	usage: []string{
+		"watch --tag T [--id ID ...] [--redis URL [--cluster]] [--hash-ids]",
+		"watch --tag T [--id-hex HEX ...] [--id-base64 B64 ...] [flags]",
+	},
+	about: `Prints one line per event on stdout, "<time> <kind> id=<id> ...", until SIGINT or SIGTERM: value (published, with its size, never its bytes), fail (the holder's token and message), abandon (the holder gave its lock up: waiters look again), notfound, stale; and the ends of locks: takeover (a holder's lock expired: it is gone without a value), refetch (a stale value's time is up), expired (watch did not see what the lock held). Notices go to stderr.
+
+Nobody publishes the end of a lock: watch learns it from keyspace events, which need notify-keyspace-events with K, $ and x. When they are off, watch says so on stderr with the CONFIG SET to run; it never runs it. With --id, --id-hex or --id-base64 (each repeatable, 100 ids at most) it watches those ids only. On a cluster, values and events travel on sharded channels, which no pattern matches: pass the ids to see them. A reader that stops reading never holds watch up: lines that do not fit in its queue are dropped, and counted on stderr.`,
+	flags: []string{"tag", "id", "id-hex", "id-base64", "hash-ids", "redis", "cluster"},
+	env:   true,
+	exits: [][2]string{
+		{"0", "stopped by SIGINT or SIGTERM"},
+		{"1", "Redis could not be reached, or refused the subscription, at the start"},
+		{"2", "bad usage"},
+	},
+	example: [][2]string{
+		{"Everything that happens to the reports.", "memolock watch --tag reports"},
+		{"Two ids only.", "memolock watch --tag reports --id 2026-11 --id 2026-12"},
+	},
+}
+
 func watch(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("memolock watch", flag.ContinueOnError)
-	fs.SetOutput(flagOutput(stderr, args))
-	redisURL := fs.String("redis", "", "Redis URL (default $MEMOLOCK_REDIS, then "+defaultRedisURL+")")
-	cluster := fs.Bool("cluster", false, "--redis is a Redis Cluster: redis://host:port?addr=host2:port2&addr=... (seed nodes)")
-	tag := fs.String("tag", "", "key tag (required)")
-	var ids idList
-	fs.Var(&ids, "id", "watch only this id (repeatable; on a cluster, needed to see values and events)")
-	hashIDs := fs.Bool("hash-ids", false, "hash the --id values, as clients with Options.HashIDs do")
-	if code, ok := parseFlags(fs, args); !ok {
+	c := &watchCommand
+	fs := flag.NewFlagSet("watch", flag.ContinueOnError)
+	redisURL := fs.String("redis", "", redisUsage)
+	cluster := fs.Bool("cluster", false, clusterUsage)
+	tag := fs.String("tag", "", "the keys' `TAG` (required)")
+	var idArgs idFlags
+	idArgs.define(fs, "; repeatable: watch only the ids given (on a cluster, needed to see values and events)")
+	hashIDs := fs.Bool("hash-ids", false, "hash the ids, as clients with Options.HashIDs do")
+	if code, ok := parse(c, fs, args, stdout, stderr); !ok {
 		return code
 	}
+	ids, err := idArgs.all()
 	switch {
+	case err != nil:
+		return usageError(c, stderr, "%v", err)
 	case *tag == "":
-		fmt.Fprintln(stderr, "memolock watch: --tag is required")
-		return exitUsage
+		return usageError(c, stderr, "--tag is required")
 	case fs.NArg() > 0:
-		fmt.Fprintf(stderr, "memolock watch: unexpected argument %q; give ids with --id (--cluster takes no value)\n", redactArg(fs.Arg(0)))
-		return exitUsage
+		return usageError(c, stderr, "unexpected argument %q; give ids with --id (--cluster takes no value)", redactArg(fs.Arg(0)))
 	}
 	keys, err := memolock.NewKeyScheme(*tag)
 	if err != nil {
-		fmt.Fprintf(stderr, "memolock watch: %v\n", err)
-		return exitUsage
+		return usageError(c, stderr, "%s", libError(err))
 	}
 	if *cluster && strings.ContainsAny(*tag, "{}") {
-		fmt.Fprintf(stderr, "memolock watch: tag %q contains a brace; on a cluster the id's braces must be the first in every key\n", *tag)
-		return exitUsage
+		return usageError(c, stderr, "tag %q contains a brace; on a cluster the id's braces must be the first in every key", *tag)
 	}
 	w := &watcher{keys: keys, cluster: *cluster, locks: newLockBook(maxLocks),
 		lookups: make(chan lookup, lookupQueue), answers: make(chan answer)}
@@ -148,21 +161,18 @@ func watch(args []string, stdout, stderr io.Writer) int {
 		if *cluster {
 			var ok bool
 			if wire, ok = memolock.PlaceID(wire); !ok {
-				fmt.Fprintf(stderr, "memolock watch: --id %s cannot be placed in a cluster slot (it is empty or starts with \"}\"); the clients must use HashIDs for it (then pass --hash-ids)\n", show(id))
-				return exitUsage
+				return usageError(c, stderr, "--id %s cannot be placed in a cluster slot (it is empty or starts with \"}\"); the clients must use HashIDs for it (then pass --hash-ids)", show(id))
 			}
 		}
 		w.ids[wire] = id
 	}
 	if len(w.ids) > maxWatchIDs {
-		fmt.Fprintf(stderr, "memolock watch: %d ids given; watch at most %d at a time, or none to watch them all\n", len(w.ids), maxWatchIDs)
-		return exitUsage
+		return usageError(c, stderr, "%d ids given; watch at most %d at a time, or none to watch them all", len(w.ids), maxWatchIDs)
 	}
 	url := redisURLOrDefault(*redisURL)
 	w.rdb, err = openRedis(url, *cluster)
 	if err != nil {
-		fmt.Fprintf(stderr, "memolock watch: --redis %v\n", err)
-		return exitUsage
+		return usageError(c, stderr, "--redis %v", err)
 	}
 	defer w.rdb.Close()
 
@@ -172,6 +182,7 @@ func watch(args []string, stdout, stderr io.Writer) int {
 	w.out, w.errs = newLineQueue(stdout, outQueue), newLineQueue(stderr, errQueue)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	w.url = url
 	code := w.run(ctx, redact(url))
 	if lost := w.out.close(time.Now().Add(flushWait)); lost > 0 {
 		w.errf("%d lines of the feed were not written: its output was not read fast enough", lost)
@@ -189,7 +200,7 @@ func (w *watcher) run(ctx context.Context, where string) int {
 		return 0
 	}
 	if err != nil {
-		w.errf("%v (redis %s)%s", err, where, timedOut(err))
+		w.errf("%v (redis %s)%s", err, where, redisHint(err, w.url)+timedOut(err))
 		return exitFailure
 	}
 	if !w.cluster {
@@ -219,7 +230,7 @@ func (w *watcher) run(ctx context.Context, where string) int {
 		return 0
 	}
 	if err != nil {
-		w.errf("subscribing: %v (redis %s)%s", err, where, timedOut(err))
+		w.errf("subscribing: %v (redis %s)%s", err, where, redisHint(err, w.url)+timedOut(err))
 		return exitFailure
 	}
 	items := make(chan item)
@@ -265,7 +276,7 @@ func (w *watcher) run(ctx context.Context, where string) int {
 		case it := <-items:
 			switch {
 			case it.err != nil:
-				w.errf("%s refused the subscription: %v (redis %s)", it.src.where, it.err, where)
+				w.errf("%s refused the subscription: %v (redis %s)%s", it.src.where, it.err, where, redisHint(it.err, w.url))
 				return exitFailure
 			case it.ready:
 				if confirmed[it.src] = true; len(confirmed) == len(sources) {

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/memolock/memolock/internal/redistest"
+)
+
+// statusOf returns the status check printed for feature, "" if none.
+func statusOf(out, feature string) string {
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[1] == feature {
+			return f[0]
+		}
+	}
+	return ""
+}
+
+// The default user may do everything: check says so, feature by feature,
+// warns that watch will not show takeovers while keyspace events are off
+// (with the CONFIG SET to run), and leaves no key behind.
+func TestCheck_OneServer(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	url := "redis://" + srv.Addr
+	inv := memolockCmd(t, nil, "check", "--redis", url, "--tag", "chk")
+	if inv.code != 0 || inv.stderr != "" {
+		t.Fatalf("exit %d, stderr %q:\n%s", inv.code, inv.stderr, inv.stdout)
+	}
+	for f, want := range map[string]string{"server": "ok", "core": "ok", "l1": "ok", "inspect": "ok", "watch": "warn"} {
+		if got := statusOf(inv.stdout, f); got != want {
+			t.Errorf("%s: %q, want %q:\n%s", f, got, want, inv.stdout)
+		}
+	}
+	if !strings.Contains(inv.stdout, "Redis 7.") || !strings.Contains(inv.stdout, "standalone") ||
+		!strings.Contains(inv.stdout, `notify-keyspace-events is "", so it will not show takeovers: an administrator can run CONFIG SET notify-keyspace-events 'K$x'`) {
+		t.Errorf("output:\n%s", inv.stdout)
+	}
+	if n := rdb.DBSize(context.Background()).Val(); n != 0 {
+		t.Errorf("%d keys left behind: %v", n, rdb.Keys(context.Background(), "*").Val())
+	}
+
+	srv.Do(t, "CONFIG", "SET", "notify-keyspace-events", "Kx$g")
+	inv = memolockCmd(t, nil, "check", "--redis", url, "--tag", "chk", "--features", "watch,core")
+	if inv.code != 0 || statusOf(inv.stdout, "watch") != "ok" || statusOf(inv.stdout, "core") != "ok" || statusOf(inv.stdout, "l1") != "" {
+		t.Errorf("events on, watch and core only: exit %d:\n%s%s", inv.code, inv.stdout, inv.stderr)
+	}
+}
+
+// What keeps memolock from a server at all: unreachable, a password it
+// wants or refuses (never printed), TLS it does not speak.
+func TestCheck_ServerUnusable(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Do(t, "CONFIG", "SET", "requirepass", "s3cretPW")
+	cases := []struct{ url, want string }{
+		{"redis://127.0.0.1:1", "connection refused"},
+		{"redis://" + srv.Addr, "the server wants a password"},
+		{"redis://s3cretPW@" + srv.Addr, "write redis://:PASSWORD@host"},
+		{"redis://:wrong@" + srv.Addr, "the user name or the password is wrong"},
+		{"rediss://:s3cretPW@" + srv.Addr, "is a Redis server without TLS"},
+	}
+	for _, tc := range cases {
+		inv := memolockCmd(t, nil, "check", "--redis", tc.url, "--tag", "chk")
+		if inv.code != 1 || statusOf(inv.stdout, "server") != "FAIL" || !strings.Contains(inv.stdout+inv.stderr, tc.want) ||
+			strings.Contains(inv.stdout+inv.stderr, "s3cretPW") {
+			t.Errorf("%s: exit %d; want 1, the server FAIL and %q, without the password:\n%s%s", redact(tc.url), inv.code, tc.want, inv.stdout, inv.stderr)
+		}
+	}
+	if inv := memolockCmd(t, nil, "check", "--redis", "redis://:s3cretPW@"+srv.Addr, "--tag", "chk", "--features", "core"); inv.code != 0 {
+		t.Errorf("with the password: exit %d:\n%s%s", inv.code, inv.stdout, inv.stderr)
+	}
+}
+
+// On a cluster, core is checked as a cluster client works, on the probe
+// id's master; a cluster node without --cluster, or --cluster on one
+// server, is a failure that says what to pass.
+func TestCheck_Cluster(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	url := "redis://" + nodes[0].Addr + "?addr=" + nodes[1].Addr
+	inv := memolockCmd(t, nil, "check", "--redis", url, "--cluster", "--tag", "chk")
+	if inv.code != 0 || statusOf(inv.stdout, "core") != "ok" || statusOf(inv.stdout, "inspect") != "ok" ||
+		statusOf(inv.stdout, "watch") != "warn" || !strings.Contains(inv.stdout, ", cluster, ") || !strings.Contains(inv.stdout, "on every master") {
+		t.Errorf("--cluster: exit %d:\n%s%s", inv.code, inv.stdout, inv.stderr)
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr}})
+	defer cc.Close()
+	var left int64
+	_ = cc.ForEachMaster(context.Background(), func(ctx context.Context, n *redis.Client) error {
+		if k := n.DBSize(ctx).Val(); k > 0 {
+			left += k
+		}
+		return nil
+	})
+	if left != 0 {
+		t.Errorf("%d keys left behind", left)
+	}
+	inv = memolockCmd(t, nil, "check", "--redis", "redis://"+nodes[0].Addr, "--tag", "chk")
+	if inv.code != 1 || !strings.Contains(inv.stdout, "is a Redis Cluster node: pass --cluster") {
+		t.Errorf("a node without --cluster: exit %d:\n%s%s", inv.code, inv.stdout, inv.stderr)
+	}
+	single := redistest.Start(t)
+	inv = memolockCmd(t, nil, "check", "--redis", "redis://"+single.Addr, "--cluster", "--tag", "chk")
+	if inv.code != 1 || !strings.Contains(inv.stdout, "drop --cluster") {
+		t.Errorf("--cluster on one server: exit %d:\n%s%s", inv.code, inv.stdout, inv.stderr)
+	}
+}
+
+func TestCheck_BadUsage(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"check"}, "--tag is required"},
+		{[]string{"check", "--tag", "t", "--features", "core,bogus"}, `unknown feature "bogus"`},
+		{[]string{"check", "--tag", "t", "--cluster", "--features", "l1"}, "the L1 needs one server"},
+		{[]string{"check", "--tag", "a/lock"}, `contains "/lock"`},
+		{[]string{"check", "--tag", "t", "--redis", "redis://:s3cret@h:1/0?pwd=x"}, `unknown parameter "pwd"`},
+		{[]string{"check", "--tag", "t", "extra"}, `unexpected argument "extra"`},
+	}
+	for _, tc := range cases {
+		inv := memolockCmd(t, nil, tc.args...)
+		if inv.code != 2 || !strings.Contains(inv.stderr, tc.want) || strings.Contains(inv.stderr, "s3cret") {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tc.args, inv.code, inv.stderr, tc.want)
+		}
+	}
+}
