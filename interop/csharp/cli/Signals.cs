@@ -26,6 +26,21 @@ namespace MemoLockCli
         /// <summary>Called once, on the signal thread, at the first signal.</summary>
         public Action OnFirst;
 
+        // Linux's signals as Go names them (syscall.Signal.String), for the
+        // texts that waiters elsewhere read (PROTOCOL.md, [A6]).
+        static readonly string[] goNames =
+        {
+            null, "hangup", "interrupt", "quit", "illegal instruction", "trace/breakpoint trap", "aborted", "bus error",
+            "floating point exception", "killed", "user defined signal 1", "segmentation fault", "user defined signal 2",
+            "broken pipe", "alarm clock", "terminated", "stack fault", "child exited", "continued", "stopped (signal)",
+            "stopped", "stopped (tty input)", "stopped (tty output)", "urgent I/O condition", "CPU time limit exceeded",
+            "file size limit exceeded", "virtual timer expired", "profiling timer expired", "window changed",
+            "I/O possible", "power failure", "bad system call",
+        };
+
+        /// <summary>Signal n's name as Go writes it: "killed" for 9, "terminated" for 15.</summary>
+        public static string GoName(int n) { return n > 0 && n < goNames.Length ? goNames[n] : "signal " + n; }
+
         /// <summary>The first signal's number, 0 if none.</summary>
         public int Caught { get { return caught; } }
 

@@ -16,6 +16,8 @@ namespace MemoLockNet
         public string Token;       // the lock token of every attempt of this flight
         public Func<Lease, ValueTuple<byte[], TimeSpan>> Fetch;
         public Action<Lease> Start; // external-producer mode when set
+        /// <summary>The holder whose lock the flight took over after waiting on it; its waiters hear of a failure too (FlightEngine.Relay).</summary>
+        public string TookOverFrom;
 
         public readonly ManualResetEvent Done = new ManualResetEvent(false);
         public readonly CancellationTokenSource Cancel = new CancellationTokenSource(); // abandoned, or Close

@@ -1,5 +1,5 @@
 // The whole wire protocol (interop/PROTOCOL.md): the key scheme, the five
-// Lua scripts a peer runs (byte for byte the text of protocol.go), tokens
+// Lua scripts a peer runs (byte for byte the text of internal/wire/scripts.go), tokens
 // and events.
 using System;
 using System.Collections.Generic;
@@ -93,7 +93,7 @@ namespace MemoLockNet
         }
     }
 
-    /// <summary>The five scripts a peer runs, copied byte for byte from protocol.go
+    /// <summary>The five scripts a peer runs, copied byte for byte from internal/wire/scripts.go
     /// (Go's publish, resurrect and control scripts are not needed to interoperate).</summary>
     public static class Scripts
     {
@@ -102,25 +102,33 @@ namespace MemoLockNet
         // refresh-ahead window, and ARGV[4], the stale flag).
         // Reply: value (bulk) | 1 (integer: locked by us) | {marker PTTL}
         // (a cached "not found") | {PTTL ms, holder token} (busy); only with
-        // ARGV[3]/ARGV[4]: {value, 1|2} and a busy reply's third element.
+        // ARGV[3]/ARGV[4]: {value, 1|2} and a busy reply's third element;
+        // ARGV[5] (Go's L1 only, never sent here): {value, flag, pttl}.
         // A done:<token> or stale:<token> lock whose value is gone guards
         // nothing: taken over at once.
         public static readonly Script Acquire = new Script(
 "local v = redis.call('GET', KEYS[1])\n" +
 "local early = tonumber(ARGV[3]) or 0\n" +
 "if v then\n" +
-"  if early < 1 and ARGV[4] ~= '1' then return v end\n" +
-"  local h = redis.call('GET', KEYS[2])\n" +
-"  if early >= 1 then\n" +
-"    if h == ARGV[1] then return {v, 1} end\n" +
-"    local left = redis.call('PTTL', KEYS[1])\n" +
-"    if not h and left >= 0 and left < early then\n" +
-"      redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])\n" +
-"      return {v, 1}\n" +
+"  local flag = 0\n" +
+"  if early >= 1 or ARGV[4] == '1' then\n" +
+"    local h = redis.call('GET', KEYS[2])\n" +
+"    if early >= 1 then\n" +
+"      if h == ARGV[1] then\n" +
+"        flag = 1\n" +
+"      else\n" +
+"        local left = redis.call('PTTL', KEYS[1])\n" +
+"        if not h and left >= 0 and left < early then\n" +
+"          redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])\n" +
+"          flag = 1\n" +
+"        end\n" +
+"      end\n" +
 "    end\n" +
+"    if flag == 0 and h and string.sub(h, 1, 6) == 'stale:' then flag = 2 end\n" +
 "  end\n" +
-"  if h and string.sub(h, 1, 6) == 'stale:' then return {v, 2} end\n" +
-"  return v\n" +
+"  if ARGV[5] == '1' then return {v, flag, redis.call('PTTL', KEYS[1])} end\n" +
+"  if flag == 0 then return v end\n" +
+"  return {v, flag}\n" +
 "end\n" +
 "local gone = redis.call('PTTL', KEYS[3])\n" +
 "if gone ~= -2 then return {gone} end\n" +
@@ -355,6 +363,14 @@ namespace MemoLockNet
             text = Bytes.Utf8.GetString(Slice(p, b + 1, p.Length));
         }
 
+        /// <summary>An event's message as raw bytes: everything after its second '\n' (empty without one).</summary>
+        public static byte[] EventMessage(byte[] p)
+        {
+            int a = Array.IndexOf(p, (byte)10);
+            int b = a < 0 ? -1 : Array.IndexOf(p, (byte)10, a + 1);
+            return b < 0 ? new byte[0] : Slice(p, b + 1, p.Length);
+        }
+
         static byte[] Slice(byte[] p, int from, int to) { var r = new byte[to - from]; Buffer.BlockCopy(p, from, r, 0, r.Length); return r; }
     }
 
@@ -410,6 +426,9 @@ namespace MemoLockNet
         }
 
         /// <summary>Publishes an abandon event for token.</summary>
-        public void Abandoned(byte[] id, string token) { rdb.Publish(Keys.Events(id), Tokens.AbandonEvent(token)); }
+        public void Abandoned(byte[] id, string token) { Event(id, Tokens.AbandonEvent(token)); }
+
+        /// <summary>Publishes evt on id's events channel, whoever holds the lock.</summary>
+        public void Event(byte[] id, byte[] evt) { rdb.Publish(Keys.Events(id), evt); }
     }
 }

@@ -24,7 +24,7 @@ namespace MemoLockNet
             if (raw.StartsWith("unix://", StringComparison.Ordinal)) return ParseUnix(raw);
             string redacted = Redact(raw);
             if (redacted == Withheld)
-                throw new ArgumentException(Withheld + " is not of the form redis://[user:password@]host:port/db or unix:///path");
+                throw new ArgumentException(Withheld + " is not of the form redis://[[user]:password@]host:port[/db] or unix:///path/to.sock");
             var r = new RedisUrl();
             Uri u = new Uri(raw);
             if (u.Scheme == "rediss")

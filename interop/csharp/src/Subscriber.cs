@@ -154,6 +154,27 @@ namespace MemoLockNet
             }
         }
 
+        /// <summary>Whether w's channels are subscribed on the current connection and its marker has come back.</summary>
+        public bool IsLive(Watch w) { lock (mu) return w.Live && !w.Gone && !w.Closed; }
+
+        /// <summary>
+        /// Sends a new marker for w, keeping its subscription: once it comes
+        /// back (w.Reread, as for liveness), everything published before the
+        /// request has reached w. A connection replaced meanwhile also ends
+        /// in w.Reread, once its own marker is back. False if w is gone.
+        /// </summary>
+        public bool RoundTrip(Watch w)
+        {
+            lock (mu)
+            {
+                if (closed || w.Gone || w.Closed) return false;
+                w.Reread = false;
+                if (w.Seq != 0 || w.Live) { w.Seq = 0; unmarked.Add(w); } // else a marker for it is due already
+            }
+            kick.Set();
+            return true;
+        }
+
         /// <summary>Breaks the current connection as if it had failed (for tests).</summary>
         public void Break() { lock (mu) broken = true; kick.Set(); }
 

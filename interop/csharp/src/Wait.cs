@@ -10,21 +10,20 @@ namespace MemoLockNet
 {
     sealed class Wait
     {
-        readonly MemoLock c;
+        readonly FlightEngine c;
         readonly Flight f;
         Watch w;                 // the value and events channels; null until the first wait
         readonly Stopwatch clock = Stopwatch.StartNew();
         long deadlineMs;         // when the holder's lock would expire, on clock
         string holder;           // token of the holder waited for
         bool waited;
+        bool liveAtLookup;       // the watch was live when the latest lookup went out
         volatile bool own;       // the lock is the flight's own (external mode)
 
         /// <summary>A lookup failed after it may have taken the lock: End releases it.</summary>
         public bool MaybeLocked;
-        /// <summary>Run by End: work that can wait until the callers have their answer.</summary>
-        public Action After;
 
-        public Wait(MemoLock c, Flight f) { this.c = c; this.f = f; }
+        public Wait(FlightEngine c, Flight f) { this.c = c; this.f = f; }
 
         public bool Own { get { return own; } set { own = value; } }
 
@@ -59,8 +58,89 @@ namespace MemoLockNet
             }
             waited = true;
             if (w == null) w = c.Sub.Add(OnValue, c.Keys.Notif(f.Key), c.Keys.Events(f.Key));
-            long d = r.Pttl < 0 ? c.LockTtlMs : r.Pttl + 1; // a lock without expiry: look again after our lock TTL
+            // A lock without expiry: look again after our lock TTL. A renewing
+            // holder resets its PTTL every lock TTL/3, so waiters that all
+            // looked at pttl + 1 ms would land on its renewal moments, and on
+            // the millisecond a failing fetch releases the lock: spread them.
+            long d = r.Pttl < 0 ? c.LockTtlMs : r.Pttl + 1 + Spread(r.Pttl);
             deadlineMs = clock.ElapsedMilliseconds + d;
+        }
+
+        static readonly Random spread = new Random(BitConverter.ToInt32(Guid.NewGuid().ToByteArray(), 0));
+
+        /// <summary>A uniformly random extra delay in [0, min(pttl/10, 1 s)] ms (none when the engine's SpreadTimers is off).</summary>
+        long Spread(long pttl)
+        {
+            if (!c.SpreadTimers) return 0;
+            long max = Math.Min(pttl / 10, 1000);
+            lock (spread) return (long)(spread.NextDouble() * (max + 1));
+        }
+
+        /// <summary>Called before each lookup of the flight: whether the watch is live then decides what a takeover must check.</summary>
+        public void BeforeLookup() { liveAtLookup = w != null && c.Sub.IsLive(w); }
+
+        /// <summary>
+        /// The takeover rule (PROTOCOL.md). The latest lookup took the lock
+        /// after the flight waited on holder H with a live subscription: H may
+        /// have failed in the very millisecond it released the lock, its
+        /// event still on its way. Before computing, a marker round trip on
+        /// the pub/sub connection brings in everything published before the
+        /// lookup. H's fail or notfound event, or a value, ends the flight
+        /// without computing (n), and the lock just taken is released with
+        /// the same news under our token, for waiters that already saw us as
+        /// the holder. Otherwise (an abandon, nothing, a broken connection, or
+        /// no answer within lockTTL/3) it is a genuine takeover: false.
+        /// </summary>
+        public bool HolderEndedFirst(out Next n)
+        {
+            n = default(Next);
+            if (!waited || holder == null || holder == f.Token || !liveAtLookup) return false;
+            if (!c.Sub.RoundTrip(w)) return false;
+            var handles = new WaitHandle[] { w.Signal, f.Cancel.Token.WaitHandle };
+            var sw = Stopwatch.StartNew();
+            long bound = Math.Max(c.LockTtlMs / 3, 1);
+            string notif = Bytes.Latin1(c.Keys.Notif(f.Key));
+            while (true)
+            {
+                var ev = c.Sub.Take(w);
+                foreach (var m in ev.Messages)
+                {
+                    if (m.Key == notif)
+                    {
+                        // A holder that published without storing: the value is the value.
+                        c.Release(f, Tokens.AbandonEvent(f.Token), 0);
+                        n = Next.Value(m.Value);
+                        return true;
+                    }
+                    string kind, token, text;
+                    Tokens.ParseEvent(m.Value, out kind, out token, out text);
+                    if (token != holder) continue;
+                    if (kind == Tokens.EventFail)
+                    {
+                        c.Release(f, Tokens.FailEvent(f.Token, Tokens.EventMessage(m.Value)), 0);
+                        n = Next.Fail(new HolderFailedException(text));
+                        return true;
+                    }
+                    if (kind == Tokens.EventNotFound)
+                    {
+                        c.Release(f, Tokens.Event(Tokens.EventNotFound, f.Token), 0);
+                        n = Next.Fail(FlightEngine.NotFoundFor(f));
+                        return true;
+                    }
+                }
+                if (ev.Closed || f.Cancel.IsCancellationRequested)
+                {
+                    c.Release(f, Tokens.AbandonEvent(f.Token), 0);
+                    n = Next.Fail(c.Ended());
+                    return true;
+                }
+                // The marker is back (on this connection or, after a break,
+                // a new one), or the channel was refused: compute.
+                if (ev.Reread || ev.Err != null) return false;
+                long left = bound - sw.ElapsedMilliseconds;
+                if (left <= 0) return false;
+                WaitHandle.WaitAny(handles, (int)left);
+            }
         }
 
         // On the subscriber thread: hands a published value to the callers at
@@ -95,7 +175,7 @@ namespace MemoLockNet
                 if (kind == Tokens.EventNotFound)
                 {
                     Value(null); // ends the wait as a value would
-                    n = Next.Fail(MemoLock.NotFoundFor(f));
+                    n = Next.Fail(FlightEngine.NotFoundFor(f));
                     return true;
                 }
                 // abandon, stale (the holder put a stale value back), or a
@@ -118,7 +198,12 @@ namespace MemoLockNet
             return Next.Value(v);
         }
 
-        public void Takeover() { if (waited) Interlocked.Increment(ref c.Takeovers); }
+        public void Takeover()
+        {
+            if (!waited) return;
+            Interlocked.Increment(ref c.Takeovers);
+            if (holder != null && holder != f.Token) f.TookOverFrom = holder;
+        }
 
         void Release(byte[] evt)
         {
@@ -135,9 +220,6 @@ namespace MemoLockNet
                 MaybeLocked = false;
                 Release(Tokens.AbandonEvent(f.Token));
             }
-            var after = After;
-            After = null;
-            if (after != null) after();
         }
     }
 }

@@ -28,11 +28,16 @@ namespace MemoLockTests
         {
             using (var srv = new RedisServer())
             {
-                string count = Tmp("count");
-                // Binary output, NUL and invalid UTF-8 included.
-                string script = "echo run >> " + count + "; sleep 1; printf 'line1\\n\\000\\377\\376 end'";
+                string count = Tmp("count"), go = Tmp("go");
+                // Binary output, NUL and invalid UTF-8 included. The command
+                // ends only once the test has seen the four others wait, however
+                // slowly their runtimes start.
+                string script = "echo run >> " + count + "; while [ ! -e " + go + " ]; do sleep 0.05; done; printf 'line1\\n\\000\\377\\376 end'";
                 var procs = Enumerable.Range(0, 5).Select(_ => new Cli(Run(srv, "stampede", "--ttl", "1m", "--", "sh", "-c", script))).ToList();
+                Assert.Eventually(() => (long)((object[])srv.Call("PUBSUB", "NUMSUB", "cli/lock-event:stampede"))[1] == 4, 60, "four invocations waiting");
+                File.WriteAllText(go, "x");
                 var results = procs.Select(p => p.Wait()).ToList();
+                File.Delete(go);
                 procs.ForEach(p => p.Dispose());
                 var want = new byte[] { (byte)'l', (byte)'i', (byte)'n', (byte)'e', (byte)'1', 10, 0, 0xff, 0xfe, (byte)' ', (byte)'e', (byte)'n', (byte)'d' };
                 foreach (var r in results)
@@ -41,7 +46,7 @@ namespace MemoLockTests
                     Assert.Bytes(want, r.Stdout, "stdout");
                 }
                 Assert.Equal(1, File.ReadAllLines(count).Length, "command runs");
-                Assert.True(results.Any(r => r.Stderr.Contains("memolock: waiting for cli:stampede, computed by ")), "waiters say on whom they wait: " + string.Join("|", results.Select(r => r.Stderr)));
+                Assert.True(results.Any(r => r.Stderr.Contains("memolock run: waiting for cli:stampede, computed by ")), "waiters say on whom they wait: " + string.Join("|", results.Select(r => r.Stderr)));
                 File.Delete(count);
                 var hit = Cli.Run(Run(srv, "stampede", "--ttl", "1m", "--", "false"));
                 Assert.Equal(0, hit.Code, "hit: " + hit);
@@ -107,11 +112,12 @@ namespace MemoLockTests
         [Test(TimeoutSeconds = 90)]
         static void Run_SigtermStopsTheCommandAndHandsTheLockOver()
         {
+            // A 60 s lock: only the abandon event can make the waiter take over within 20 s.
             using (var srv = new RedisServer())
-            using (var holder = new Cli(Run(srv, "term", "--ttl", "1m", "--", "sh", "-c", "sleep 30; echo first")))
+            using (var holder = new Cli(Run(srv, "term", "--ttl", "1m", "--lock-ttl", "60s", "--", "sh", "-c", "sleep 30; echo first")))
             {
                 Assert.Eventually(() => srv.Call("GET", "cli/lock:term") != null, 20, "the holder took the lock");
-                using (var waiter = new Cli(Run(srv, "term", "--ttl", "1m", "--", "echo", "second")))
+                using (var waiter = new Cli(Run(srv, "term", "--ttl", "1m", "--lock-ttl", "60s", "--", "echo", "second")))
                 {
                     Assert.Eventually(() => waiter.StderrSoFar.Contains("waiting for"), 20, "the waiter waits");
                     var sw = Stopwatch.StartNew();
@@ -121,7 +127,7 @@ namespace MemoLockTests
                     var r = waiter.Wait();
                     Assert.Equal(0, r.Code, "waiter: " + r);
                     Assert.Equal("second\n", Encoding.UTF8.GetString(r.Stdout), "the waiter took over");
-                    Assert.True(sw.Elapsed.TotalSeconds < 8, "at once, not after the 10 s lock TTL: " + sw.Elapsed);
+                    Assert.True(sw.Elapsed.TotalSeconds < 20, "at once, not after the 60 s lock TTL: " + sw.Elapsed);
                 }
             }
         }
@@ -153,7 +159,7 @@ namespace MemoLockTests
                 srv.Call("SET", "cli/lock:w", "someone", "PX", "60000");
                 var r = Cli.Run(Run(srv, "w", "--ttl", "1m", "--wait", "500ms", "--", "echo", "x"));
                 Assert.Equal(124, r.Code, "exit: " + r);
-                Assert.True(r.Stderr.Contains("gave up after"), "message: " + r.Stderr);
+                Assert.True(r.Stderr.Contains("memolock run: gave up waiting for cli:w after ") && r.Stderr.Contains("(--wait 500ms): someone computes it, and has not finished"), "message: " + r.Stderr);
             }
         }
 
@@ -210,28 +216,125 @@ namespace MemoLockTests
             Assert.True(!u.Stderr.Contains("s3cret") && u.Stderr.Contains("xxxxx@127.0.0.1:1"), "redacted: " + u.Stderr);
         }
     
-        /// <summary>A command that ignores SIGTERM: a second signal sends SIGKILL at once, without the 2 s grace.</summary>
-        [Test(TimeoutSeconds = 60)]
+        /// <summary>
+        /// A command that ignores SIGTERM: a second signal sends SIGKILL at
+        /// once, without the grace. The grace is stretched to 30 s here
+        /// (MEMOLOCK_KILL_GRACE), so that "at once" has a wide margin.
+        /// </summary>
+        [Test(TimeoutSeconds = 90)]
         static void Run_SecondSignalKillsAtOnce()
         {
+            string started = Tmp("started"), termed = Tmp("termed");
+            var env = new Dictionary<string, string> { { "MEMOLOCK_KILL_GRACE", "30s" } };
+            // The command shrugs SIGTERM off, noting that it came.
+            string script = "trap 'touch " + termed + "' TERM; touch " + started + "; while :; do sleep 0.05; done";
             using (var srv = new RedisServer())
-            using (var holder = new Cli(Run(srv, "stubborn", "--ttl", "1m", "--", "sh", "-c", "trap '' TERM; sleep 30; echo done")))
+            using (var holder = new Cli(env, Run(srv, "stubborn", "--ttl", "1m", "--", "sh", "-c", script)))
             {
-                Assert.Eventually(() => srv.Call("GET", "cli/lock:stubborn") != null, 20, "the holder took the lock");
-                Assert.Eventually(() => Descendants(holder.Proc.Id).Count >= 2, 20, "sh and sleep run");
+                Assert.Eventually(() => File.Exists(started), 20, "the command runs");
                 var below = Descendants(holder.Proc.Id);
+                Process.Start("kill", "-TERM " + holder.Proc.Id).WaitForExit();
+                Assert.Eventually(() => File.Exists(termed), 20, "the command got SIGTERM");
+                Assert.True(!holder.Proc.HasExited, "the command ignores SIGTERM: memolock waits out the grace");
                 var sw = Stopwatch.StartNew();
                 Process.Start("kill", "-TERM " + holder.Proc.Id).WaitForExit();
-                Thread.Sleep(300);
-                Assert.True(!holder.Proc.HasExited, "the first SIGTERM is ignored by the command: memolock waits");
-                Process.Start("kill", "-TERM " + holder.Proc.Id).WaitForExit();
-                var h = holder.Wait();
-                Assert.True(sw.Elapsed.TotalSeconds < 1.7, "killed at the second signal, before the 2 s grace: " + sw.Elapsed);
+                var h = holder.Wait(60);
+                Assert.True(sw.Elapsed.TotalSeconds < 15, "killed at the second signal, long before the 30 s grace: " + sw.Elapsed);
                 Assert.Equal(143, h.Code, "exit: " + h);
                 Assert.Equal(0, h.Stdout.Length, "no output");
                 Assert.Eventually(() => below.All(pid => { try { return File.ReadAllText("/proc/" + pid + "/stat").Split(')').Last().Trim()[0] == 'Z'; } catch { return true; } }), 2, "the command's processes are gone");
                 Assert.Equal(null, srv.Call("GET", "cli/lock:stubborn"), "lock released");
             }
+            File.Delete(started);
+            File.Delete(termed);
+        }
+
+        static readonly byte[] RawId = { 0xff, 0xfe, 0xc3, (byte)'(', (byte)'-', 0x80 }; // $'\xff\xfe\xc3(-\x80': not UTF-8
+
+        static byte[] Key(string prefix, byte[] id) { return Bytes.Concat(Encoding.UTF8.GetBytes(prefix), id); }
+
+        /// <summary>
+        /// An id that is not UTF-8 reaches Redis byte for byte through the
+        /// launcher, as Go's CLI sends its raw argv; --id-hex and --id-base64
+        /// name the same key. The command gets its own argv bytes, the
+        /// caller's environment (UTF-8 values and MONO_EXTERNAL_ENCODINGS) as it was.
+        /// </summary>
+        [Test(TimeoutSeconds = 90)]
+        static void Run_IdIsTheArgumentsRawBytes()
+        {
+            using (var srv = new RedisServer())
+            {
+                string url = srv.UrlText;
+                var env = new Dictionary<string, string> { { "X", "caf\u00e9" }, { "MONO_EXTERNAL_ENCODINGS", null } };
+                var r = Cli.Shell("exec \"$MEMOLOCK\" run --redis " + url + " --tag cli --id \"$(printf '\\377\\376\\303(-\\200')\" --ttl 1m -- " +
+                    "sh -c 'printf \"%s|%s|%s\" \"${MONO_EXTERNAL_ENCODINGS-unset}\" \"$X\" \"$1\"' sh \"$(printf '\\377\\001')\"", env);
+                Assert.Equal(0, r.Code, "raw id: " + r);
+                var want = Bytes.Concat(Encoding.UTF8.GetBytes("unset|caf\u00e9|"), new byte[] { 0xff, 1 });
+                Assert.Bytes(want, r.Stdout, "the command's argv and environment, byte for byte");
+                Assert.Bytes(want, (byte[])srv.Call("GET", Key("cli:", RawId)), "stored under the id's own bytes");
+
+                foreach (var flag in new[] { new[] { "--id-hex", "FFfec3282D80" }, new[] { "--id-base64", "//7DKC2A" } })
+                {
+                    var h = Cli.Run("run", "--redis", url, "--tag", "cli", flag[0], flag[1], "--ttl", "1m", "--", "false");
+                    Assert.Equal(0, h.Code, flag[0] + ": " + h);
+                    Assert.Bytes(want, h.Stdout, flag[0] + " names the same key: a hit");
+                }
+                // Padding is optional; a UTF-8 id through the launcher is its UTF-8 bytes, not twice encoded.
+                Assert.Equal(0, Cli.Run("run", "--redis", url, "--tag", "cli", "--id", "h\u00e9", "--ttl", "1m", "--", "printf", "first").Code, "--id h\u00e9");
+                foreach (var flag in new[] { new[] { "--id-hex", "68c3a9" }, new[] { "--id-hex", "68C3A9" }, new[] { "--id-base64", "aMOp" } })
+                {
+                    var h = Cli.Run("run", "--redis", url, "--tag", "cli", flag[0], flag[1], "--ttl", "1m", "--", "false");
+                    Assert.Equal("first", Encoding.UTF8.GetString(h.Stdout), flag[0] + " " + flag[1] + ": " + h);
+                }
+                Assert.Equal(0, Cli.Run("run", "--redis", url, "--tag", "cli", "--id-base64", "aGk=", "--ttl", "1m", "--", "printf", "hi").Code, "padded");
+                Assert.Equal("hi", Encoding.UTF8.GetString(Cli.Run("run", "--redis", url, "--tag", "cli", "--id-base64", "aGk", "--ttl", "1m", "--", "false").Stdout), "unpadded, same id");
+                Assert.Equal("hi", Encoding.UTF8.GetString((byte[])srv.Call("GET", "cli:hi")), "--id-base64 aGk= is the id \"hi\"");
+
+                // The caller's own MONO_EXTERNAL_ENCODINGS comes back for the command.
+                env["MONO_EXTERNAL_ENCODINGS"] = "UTF-8";
+                r = Cli.Shell("exec \"$MEMOLOCK\" run --redis " + url + " --tag cli --id menc --ttl 1m -- sh -c 'printf %s \"$MONO_EXTERNAL_ENCODINGS\"'", env);
+                Assert.Equal("UTF-8", Encoding.UTF8.GetString(r.Stdout), "the caller's setting: " + r);
+
+                // A variable Mono cannot read (not UTF-8) reaches the command as
+                // its bytes, and the launcher's latin1 setting does not.
+                r = Cli.Shell("BAD=\"$(printf '\\377')\" exec \"$MEMOLOCK\" run --redis " + url + " --tag cli --id badenv --ttl 1m -- sh -c 'printf %s \"$BAD\" \"${MONO_EXTERNAL_ENCODINGS-unset}\"'");
+                Assert.Equal(0, r.Code, "an environment that is not UTF-8: " + r);
+                Assert.Bytes(new byte[] { 0xff, (byte)'u', (byte)'n', (byte)'s', (byte)'e', (byte)'t' }, r.Stdout, "the variable reached the command, the launcher's did not");
+                Assert.Equal("", r.Stderr, "nothing to say");
+
+                // Without the launcher, mono decodes argv as UTF-8: the hex and base64 forms still reach any bytes.
+                var m = Cli.RunMono("run", "--redis", url, "--tag", "cli", "--id-hex", "fffec3282d80", "--ttl", "1m", "--", "false");
+                Assert.Bytes(want, m.Stdout, "mono memolock.exe --id-hex: " + m);
+            }
+        }
+
+        /// <summary>Bad --id-hex / --id-base64 input, or more than one id flag: exit 2 with an error naming the flag.</summary>
+        [Test(TimeoutSeconds = 60)]
+        static void Run_IdFlagsRejectBadInput()
+        {
+            var cases = new[]
+            {
+                new[] { "--id-hex", "zz", "--id-hex \"zz\": 'z' at 0 is not a hex digit" },
+                new[] { "--id-hex", "abc", "--id-hex \"abc\": odd length" },
+                new[] { "--id-base64", "a", "--id-base64 \"a\": a length of 1" },
+                new[] { "--id-base64", "ab=c", "--id-base64 \"ab=c\": '=' at 2" },
+                new[] { "--id-base64", "-_-_", "--id-base64 \"-_-_\": '-' at 0 is not in the standard base64 alphabet" },
+                new[] { "--id-base64", "aGk==", "--id-base64 \"aGk==\": wrong padding" },
+                new[] { "--id-base64", "aGk=\n", "--id-base64 \"aGk=\\n\": '=' at 3" }, // quoted as Go quotes it
+                new[] { "--id-hex", "", "--tag and --id (or --id-hex, --id-base64) are required" },
+            };
+            foreach (var c in cases)
+            {
+                var r = Cli.Run("run", "--redis", "redis://127.0.0.1:1", "--tag", "t", c[0], c[1], "--ttl", "1s", "--", "true");
+                Assert.Equal(2, r.Code, c[0] + " " + c[1] + ": " + r);
+                Assert.True(r.Stderr.Contains(c[2]), c[0] + " " + c[1] + ": want \"" + c[2] + "\" in " + r.Stderr);
+            }
+            var both = Cli.Run("run", "--redis", "redis://127.0.0.1:1", "--tag", "t", "--id", "x", "--id-hex", "78", "--ttl", "1s", "--", "true");
+            Assert.Equal(2, both.Code, "--id and --id-hex: " + both);
+            Assert.True(both.Stderr.Contains("give one of --id, --id-hex and --id-base64, not --id and --id-hex"), "message: " + both.Stderr);
+            var tag = Cli.Shell("exec \"$MEMOLOCK\" run --redis redis://127.0.0.1:1 --tag \"$(printf 't\\377')\" --id i --ttl 1s -- true");
+            Assert.Equal(2, tag.Code, "a tag that is not UTF-8: " + tag);
+            Assert.True(tag.Stderr.Contains("memolock run: --tag \"t\ufffd\" is not valid UTF-8"), "message: " + tag.Stderr);
         }
 
         /// <summary>Go's flag syntax: "---x" and "--=x" are bad syntax; --lock-ttl 0 is the default, as in Go.</summary>
@@ -242,7 +345,7 @@ namespace MemoLockTests
             {
                 var r = Cli.Run("run", bad, "--tag", "t", "--id", "i", "--ttl", "1s", "--redis", "redis://127.0.0.1:1", "--", "true");
                 Assert.Equal(2, r.Code, bad + ": " + r);
-                Assert.True(r.Stderr.StartsWith("bad flag syntax: " + bad), bad + ": " + r.Stderr);
+                Assert.Equal("memolock run: bad flag syntax: " + bad + "\nRun 'memolock run --help' for usage.\n", r.Stderr, bad);
             }
             using (var srv = new RedisServer())
             {

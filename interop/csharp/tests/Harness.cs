@@ -140,9 +140,12 @@ namespace MemoLockTests
         public override string ToString() { return "exit " + Code + ", stdout " + Assert.Show(Stdout) + ", stderr: " + Stderr; }
     }
 
-    /// <summary>A running memolock.exe; Dispose kills it if still running.</summary>
+    /// <summary>A running memolock (the launcher, bin/memolock, unless said otherwise); Dispose kills it if still running.</summary>
     sealed class Cli : IDisposable
     {
+        /// <summary>bin/memolock: the launcher that passes argv on as raw bytes.</summary>
+        public static string Launcher;
+        /// <summary>bin/memolock.exe, for runs through mono without the launcher.</summary>
         public static string Exe;
         static readonly List<Cli> live = new List<Cli>();
         public readonly Process Proc;
@@ -151,16 +154,28 @@ namespace MemoLockTests
         readonly Thread outT, errT;
         readonly Stopwatch sw = Stopwatch.StartNew();
 
-        public Cli(params string[] args)
+        public Cli(params string[] args) : this(null, args) { }
+
+        /// <summary>Starts memolock with args, and env set in its environment.</summary>
+        public Cli(IDictionary<string, string> env, params string[] args) : this(env, Launcher, args) { }
+
+        /// <summary>Starts program with args (quoted for Mono's command line), and env set in its environment.</summary>
+        public Cli(IDictionary<string, string> env, string program, IEnumerable<string> args)
         {
-            var all = new[] { Exe }.Concat(args);
-            var psi = new ProcessStartInfo("mono", string.Join(" ", all.Select(a => "'" + a.Replace("'", "'\\''") + "'")))
+            var psi = new ProcessStartInfo(program, string.Join(" ", args.Select(a => "'" + a.Replace("'", "'\\''") + "'")))
             {
                 UseShellExecute = false,
                 RedirectStandardOutput = true,
                 RedirectStandardError = true,
             };
             psi.EnvironmentVariables.Remove("MEMOLOCK_REDIS");
+            psi.EnvironmentVariables["MEMOLOCK"] = Launcher; // for Shell scripts
+            if (env != null)
+                foreach (var kv in env)
+                {
+                    if (kv.Value == null) psi.EnvironmentVariables.Remove(kv.Key);
+                    else psi.EnvironmentVariables[kv.Key] = kv.Value;
+                }
             Proc = Process.Start(psi);
             lock (live) live.Add(this);
             outT = new Thread(() => { try { Proc.StandardOutput.BaseStream.CopyTo(stdout); } catch { } }) { IsBackground = true };
@@ -190,6 +205,22 @@ namespace MemoLockTests
         }
 
         public static CliResult Run(params string[] args) { using (var c = new Cli(args)) return c.Wait(); }
+
+        /// <summary>
+        /// Runs a shell script, with $MEMOLOCK naming the launcher: the way to
+        /// hand memolock arguments that are not UTF-8, which this runner's
+        /// Process.Start cannot pass ("$(printf '\\377')").
+        /// </summary>
+        public static CliResult Shell(string script, IDictionary<string, string> env = null)
+        {
+            using (var c = new Cli(env, "/bin/sh", new[] { "-c", script })) return c.Wait();
+        }
+
+        /// <summary>Runs memolock.exe through mono, without the launcher.</summary>
+        public static CliResult RunMono(params string[] args)
+        {
+            using (var c = new Cli(null, "mono", new[] { Exe }.Concat(args))) return c.Wait();
+        }
 
         /// <summary>Kills the process, and the command it runs if any.</summary>
         public void Dispose()
@@ -246,6 +277,7 @@ namespace MemoLockTests
         {
             Root = Path.GetFullPath(Path.Combine(Path.GetDirectoryName(typeof(Runner).Assembly.Location), ".."));
             Cli.Exe = Path.Combine(Root, "bin", "memolock.exe");
+            Cli.Launcher = Path.Combine(Root, "bin", "memolock");
             var tests = typeof(Runner).Assembly.GetTypes()
                 .SelectMany(t => t.GetMethods(BindingFlags.Static | BindingFlags.Public | BindingFlags.NonPublic))
                 .Where(m => m.GetCustomAttribute<TestAttribute>() != null)

@@ -19,6 +19,18 @@ namespace MemoLockTests
         public ManualResetEvent FirstSubscribe = new ManualResetEvent(false);
         public int InjectStaleAck; // > 0: the next connections' first Receive returns a subscribe ack nobody asked for
         public int Renews, Stores, Receives;
+        /// <summary>Lookups answered: a waiter that has had two is waiting, its subscription live.</summary>
+        public int Lookups;
+        /// <summary>When each lookup went out (Stopwatch.GetTimestamp()).</summary>
+        public readonly List<long> LookupTimes = new List<long>();
+        /// <summary>Runs before each lookup goes out, with its number (1 for the first).</summary>
+        public Action<int> BeforeLookup;
+        /// <summary>PINGs sent on its pub/sub connections (markers and probes).</summary>
+        public int Pings;
+        /// <summary>When set, a message received is handed on only once this holds (or after 10 s).</summary>
+        public Func<bool> HoldMessagesUntil;
+        /// <summary>Messages its pub/sub connections received.</summary>
+        public int Messages;
 
         public SpyTransport(RedisUrl url) { Inner = new RespTransport(url); }
 
@@ -26,7 +38,26 @@ namespace MemoLockTests
         {
             if (sha1 == Scripts.Renew.Sha1) Interlocked.Increment(ref Renews);
             if (sha1 == Scripts.Store.Sha1) Interlocked.Increment(ref Stores);
-            return Inner.Eval(script, sha1, keys, args);
+            if (sha1 == Scripts.Acquire.Sha1)
+            {
+                int n;
+                lock (LookupTimes) { LookupTimes.Add(Stopwatch.GetTimestamp()); n = LookupTimes.Count; }
+                var hook = BeforeLookup;
+                if (hook != null) hook(n);
+            }
+            var r = Inner.Eval(script, sha1, keys, args);
+            if (sha1 == Scripts.Acquire.Sha1) Interlocked.Increment(ref Lookups);
+            return r;
+        }
+
+        /// <summary>
+        /// Waits until a flight of this transport's client waits with a live
+        /// subscription: it looked up, subscribed, and looked up again once
+        /// the subscription was live (lookups counts those of earlier flights).
+        /// </summary>
+        public void AwaitWaiting(int lookups = 2)
+        {
+            Assert.Eventually(() => Volatile.Read(ref Lookups) >= lookups, 20, lookups + " lookups (the waiter waits, its subscription live)");
         }
         public byte[] Get(byte[] key) { return Inner.Get(key); }
         public long Publish(byte[] channel, byte[] message) { return Inner.Publish(channel, message); }
@@ -51,7 +82,7 @@ namespace MemoLockTests
                 c.Subscribe(channels);
             }
             public void Unsubscribe(params byte[][] channels) { c.Unsubscribe(channels); }
-            public void Ping(byte[] payload) { c.Ping(payload); }
+            public void Ping(byte[] payload) { Interlocked.Increment(ref t.Pings); c.Ping(payload); }
             bool injected;
             public PubSubPush Receive(int timeoutMs)
             {
@@ -62,7 +93,14 @@ namespace MemoLockTests
                     return new PubSubPush { Kind = "subscribe", Channel = Encoding.UTF8.GetBytes("t/notif:old") };
                 }
                 injected = true;
-                return c.Receive(timeoutMs);
+                var p = c.Receive(timeoutMs);
+                if (p != null && p.Kind == "message")
+                {
+                    Interlocked.Increment(ref t.Messages);
+                    var until = t.HoldMessagesUntil;
+                    if (until != null) Assert.Eventually(until, 10, "the moment to hand the message on");
+                }
+                return p;
             }
             public void Dispose() { c.Dispose(); }
         }
@@ -112,7 +150,7 @@ namespace MemoLockTests
                     var ta = start("ok");
                     var tb = start("no");
                     Assert.Eventually(() => Volatile.Read(ref waiting) == 3, 10, "three waits");
-                    Thread.Sleep(100); // their watches are added right after onWait
+                    Assert.Eventually(() => Watches(c) == 3, 10, "their three watches"); // added right after onWait
                     spy.SubscribeGate.Set(); // the next SUBSCRIBE carries both waits' channels: refused
                     Assert.True(tb.Join(10000), "the refused wait ended");
                     object rb;
@@ -205,14 +243,17 @@ namespace MemoLockTests
                     listener.Call("SUBSCRIBE", "t/lock-event:k");
                     string token = null;
                     int renewsAtLoss = 0;
+                    string renewEvent = null;
                     var v = c.Get("k", l =>
                     {
                         token = l.Token;
-                        Assert.Eventually(() => Volatile.Read(ref spy.Renews) >= 2, 5, "renewals");
+                        Assert.Eventually(() => Volatile.Read(ref spy.Renews) >= 2, 10, "renewals");
                         srv.Call("DEL", "t/lock:k");
-                        Thread.Sleep(250); // one renewal (every 100 ms) finds it lost
+                        // The next renewal finds the lock lost and says so.
+                        Assert.True(listener.Poll(10000), "an event after the lock was lost");
+                        renewEvent = S((byte[])((object[])listener.Read())[2]);
                         renewsAtLoss = Volatile.Read(ref spy.Renews);
-                        Thread.Sleep(600);
+                        Thread.Sleep(600); // six renewal periods in which none may come
                         return (B("v"), TimeSpan.Zero);
                     });
                     Assert.Equal("v", S(v), "the caller gets the value");
@@ -220,11 +261,9 @@ namespace MemoLockTests
                     Assert.Equal(null, srv.Call("GET", "t:k"), "a lost lease stores nothing");
                     Assert.Equal(null, srv.Call("GET", "t/lock:k"), "and takes no lock");
                     var abandon = "abandon\n" + token + "\n";
-                    for (int i = 0; i < 2; i++)
-                    {
-                        var m = (object[])listener.Read();
-                        Assert.Equal(abandon, S((byte[])m[2]), "event " + i + " (renew, then store)");
-                    }
+                    Assert.Equal(abandon, renewEvent, "renew's event");
+                    var m = (object[])listener.Read();
+                    Assert.Equal(abandon, S((byte[])m[2]), "store's event");
                 }
                 finally { listener.Dispose(); c.Close(); spy.Dispose(); }
             }
@@ -238,7 +277,7 @@ namespace MemoLockTests
             {
                 srv.Call("CONFIG", "SET", "proto-max-bulk-len", "1mb");
                 var r1 = srv.Transport();
-                var r2 = srv.Transport();
+                var r2 = new SpyTransport(srv.Url());
                 var holder = new MemoLock(r1, "t");
                 var waiter = new MemoLock(r2, "t");
                 try
@@ -259,8 +298,7 @@ namespace MemoLockTests
                         catch (Exception e) { werr = e; }
                     });
                     tw.Start();
-                    Assert.Eventually(() => NumSub(srv, "t/lock-event:big") == 1, 10, "the waiter subscribed");
-                    Thread.Sleep(100);
+                    r2.AwaitWaiting();
                     sw.Start();
                     release.Set();
                     Assert.True(th.Join(10000), "holder returned");
@@ -305,17 +343,17 @@ namespace MemoLockTests
                     var sw = new Stopwatch();
                     var t = Safe(() => { got = c.Get("idle", l => (B("x"), TimeSpan.Zero)); sw.Stop(); });
                     t.Start();
-                    Assert.Eventually(() => NumSub(srv, "t/notif:idle") == 1, 10, "subscribed");
-                    Thread.Sleep(300); // the marker comes back, the re-read finds the lock still held
+                    spy.AwaitWaiting(); // the marker came back, the re-read found the lock still held
                     int before = Volatile.Read(ref spy.Receives);
-                    Thread.Sleep(1000);
+                    Thread.Sleep(1000); // the window measured: a polling reader calls Receive all through it
                     int idle = Volatile.Read(ref spy.Receives) - before;
                     Assert.True(idle <= 2, "Receive calls in 1 s of silence: " + idle);
                     sw.Start();
                     srv.Call("PUBLISH", "t/notif:idle", "now");
                     Assert.True(t.Join(5000), "woke");
                     Assert.Equal("now", S(got), "value");
-                    Assert.True(sw.ElapsedMilliseconds < 500, "woke at once: " + sw.ElapsedMilliseconds + " ms");
+                    // Under the 3 s a reader waits before it probes: the message woke it, not its timeout.
+                    Assert.True(sw.ElapsedMilliseconds < 1500, "woke at once: " + sw.ElapsedMilliseconds + " ms");
                 }
                 finally { c.Close(); spy.Dispose(); }
             }
@@ -324,6 +362,14 @@ namespace MemoLockTests
         static object Field(object o, string name)
         {
             return o.GetType().GetField(name, System.Reflection.BindingFlags.NonPublic | System.Reflection.BindingFlags.Public | System.Reflection.BindingFlags.Instance).GetValue(o);
+        }
+
+        /// <summary>The client's watches (waits on the subscriber).</summary>
+        static int Watches(MemoLock c)
+        {
+            var sub = Field(c, "Sub");
+            var all = Field(sub, "all"); // a HashSet of an internal type
+            lock (Field(sub, "mu")) return (int)all.GetType().GetProperty("Count").GetValue(all);
         }
 
         /// <summary>Close stops the subscriber's threads and closes its connection, whatever they were doing.</summary>
@@ -457,7 +503,8 @@ namespace MemoLockTests
                     if (round % 2 == 1) srv.Call("CLIENT", "KILL", "TYPE", "pubsub");
                     var closeSw = Stopwatch.StartNew();
                     cs[0].Close();
-                    Assert.True(closeSw.ElapsedMilliseconds < 2500, "Close took " + closeSw.ElapsedMilliseconds + " ms");
+                    // Close waits at most 1 s for flights and 1 s for the subscriber: far under the callers' 20 s.
+                    Assert.True(closeSw.ElapsedMilliseconds < 5000, "Close took " + closeSw.ElapsedMilliseconds + " ms");
                     foreach (var t in threads) Assert.True(t.Join(15000), "round " + round + ": a caller is stuck");
                     foreach (var c in cs) c.Close();
                     foreach (var t in ts) t.Dispose();
@@ -540,7 +587,7 @@ namespace MemoLockTests
         static void External_FastProducerAfterATakeoverStillLingers()
         {
             using (var srv = new RedisServer())
-            using (var rdb = srv.Transport())
+            using (var rdb = new SpyTransport(srv.Url()))
             using (var c = new MemoLock(rdb, "t"))
             {
                 srv.Call("SET", "t/lock:fx", "someone", "PX", "400");
@@ -554,7 +601,8 @@ namespace MemoLockTests
                         token = l.Token;
                         srv.Call("SET", "t:fx", "fast");
                         srv.Call("PUBLISH", "t/notif:fx", "fast");
-                        Thread.Sleep(200); // the subscriber has the value before the wait looks again
+                        // The subscriber has the value before the wait looks again.
+                        Assert.Eventually(() => Volatile.Read(ref rdb.Messages) >= 1, 20, "the value reached the subscriber");
                     }, TimeSpan.FromSeconds(10));
                     Assert.Equal("fast", S(v), "value");
                     Assert.Eventually(() => S((byte[])srv.Call("GET", "t/lock:fx")) != token, 5, "lock released");
@@ -613,8 +661,9 @@ namespace MemoLockTests
                         Assert.True(leaving.Join(5000), "the short wait left");
                         quiet = "v" + i;
                         var sw = Stopwatch.StartNew();
-                        Assert.Equal("v" + i, S(c.Get(id, l => (B("x"), TimeSpan.Zero), TimeSpan.FromSeconds(5))), "round " + i);
-                        Assert.True(sw.ElapsedMilliseconds < 2000, "round " + i + " took " + sw.ElapsedMilliseconds + " ms");
+                        // Only the re-read once live finds the value: without it, the wait runs out.
+                        Assert.Equal("v" + i, S(c.Get(id, l => (B("x"), TimeSpan.Zero), TimeSpan.FromSeconds(20))), "round " + i);
+                        Assert.True(sw.ElapsedMilliseconds < 10000, "round " + i + " took " + sw.ElapsedMilliseconds + " ms");
                     }
                     Assert.Equal(0, c.Reconnects, "no reply taken for out of order");
                 }

@@ -1,4 +1,4 @@
-// Tests that need no Redis: the scripts against protocol.go, the JSON
+// Tests that need no Redis: the scripts against internal/wire/scripts.go, the JSON
 // codec, tokens, URLs and bad input.
 using System;
 using System.Collections.Generic;
@@ -15,18 +15,18 @@ namespace MemoLockTests
         [Test]
         static void Scripts_AreByteForByteTheGoSource()
         {
-            // The committed protocol.go (others may be editing the working
+            // The committed internal/wire/scripts.go (others may be editing the working
             // copy), or else the working copy (a protocol change not yet
             // committed, which vectors.json already pins by SHA-1); the file
             // itself where git is not available. Every script must match,
             // byte for byte, in one and the same version.
-            string file = Path.Combine(Runner.Root, "..", "..", "protocol.go");
+            string file = Path.Combine(Runner.Root, "..", "..", "internal", "wire", "scripts.go");
             var versions = new List<string>();
-            string head = Git("show", "HEAD:protocol.go");
+            string head = Git("show", "HEAD:internal/wire/scripts.go");
             if (head != null) versions.Add(head);
             if (File.Exists(file)) versions.Add(File.ReadAllText(file));
-            Assert.True(versions.Count > 0, "protocol.go found");
-            var scripts = new Dictionary<string, Script> { { "acquireSrc", Scripts.Acquire }, { "storeSrc", Scripts.Store }, { "releaseSrc", Scripts.Release }, { "renewSrc", Scripts.Renew }, { "notFoundSrc", Scripts.NotFound } };
+            Assert.True(versions.Count > 0, "internal/wire/scripts.go found");
+            var scripts = new Dictionary<string, Script> { { "AcquireSrc", Scripts.Acquire }, { "StoreSrc", Scripts.Store }, { "ReleaseSrc", Scripts.Release }, { "RenewSrc", Scripts.Renew }, { "NotFoundSrc", Scripts.NotFound } };
             string why = null;
             foreach (var src in versions)
             {
@@ -34,8 +34,8 @@ namespace MemoLockTests
                 foreach (var kv in scripts)
                 {
                     var m = Regex.Match(src, "const " + kv.Key + " = `([^`]*)`");
-                    if (!m.Success) { why = kv.Key + " not found in protocol.go"; break; }
-                    if (m.Groups[1].Value != kv.Value.Source) { why = kv.Key + " differs from protocol.go"; break; }
+                    if (!m.Success) { why = kv.Key + " not found in internal/wire/scripts.go"; break; }
+                    if (m.Groups[1].Value != kv.Value.Source) { why = kv.Key + " differs from internal/wire/scripts.go"; break; }
                 }
                 if (why == null) return;
             }

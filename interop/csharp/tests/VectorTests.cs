@@ -4,6 +4,7 @@ using System;
 using System.Collections.Generic;
 using System.IO;
 using System.Linq;
+using System.Reflection;
 using System.Text;
 using MemoLockNet;
 
@@ -25,16 +26,164 @@ namespace MemoLockTests
         static List<Dictionary<string, object>> List(string name) { return ((List<object>)Vectors()[name]).Cast<Dictionary<string, object>>().ToList(); }
         static byte[] B64(object s) { return Convert.FromBase64String((string)s); }
 
+        static Dictionary<string, object> Section(string name) { return (Dictionary<string, object>)Vectors()[name]; }
+
+        /// <summary>A JSON number (a double here) as a long, 2^63 - 1 included.</summary>
+        static long Long(object n) { double d = Convert.ToDouble(n); return d >= (double)long.MaxValue ? long.MaxValue : (long)d; }
+
+        /// <summary>
+        /// Every script of vectors.json is its text with its final newline
+        /// (PROTOCOL.md [S1]), whose SHA-1 the vector holds, and so is its
+        /// sharded form ([Q1]); this peer's five scripts are those texts.
+        /// </summary>
         [Test]
         static void Vectors_Scripts()
         {
-            var s = (Dictionary<string, object>)Vectors()["scripts"];
+            var s = Section("scripts");
             var ours = new Dictionary<string, Script> { { "acquire", Scripts.Acquire }, { "store", Scripts.Store }, { "release", Scripts.Release }, { "renew", Scripts.Renew }, { "not_found", Scripts.NotFound } };
-            Assert.Equal(string.Join(",", s.Keys.OrderBy(k => k, StringComparer.Ordinal)), string.Join(",", ours.Keys.OrderBy(k => k, StringComparer.Ordinal)), "the scripts in vectors.json");
+            foreach (var kv in s)
+            {
+                var v = (Dictionary<string, object>)kv.Value;
+                string src = (string)v["src"];
+                Assert.True(src.EndsWith("\n") && !src.EndsWith("\n\n") && src == src.TrimStart(), kv.Key + ": the text ends with exactly one newline");
+                Assert.Equal((string)v["sha1"], new Script(src).Sha1, kv.Key + " sha1 of its text");
+                string sharded = src.Replace("redis.call('PUBLISH', ", "redis.call('SPUBLISH', ");
+                if (sharded != src) Assert.Equal((string)v["sharded_sha1"], new Script(sharded).Sha1, kv.Key + " sha1 of its sharded text");
+                else Assert.True(!v.ContainsKey("sharded_sha1"), kv.Key + " publishes nothing: no sharded form");
+            }
             foreach (var kv in ours)
-                Assert.Equal((string)((Dictionary<string, object>)s[kv.Key])["sha1"], kv.Value.Sha1, kv.Key + " sha1");
+            {
+                Assert.True(s.ContainsKey(kv.Key), "vectors.json has the " + kv.Key + " script");
+                var v = (Dictionary<string, object>)s[kv.Key];
+                Assert.Equal((string)v["src"], kv.Value.Source, kv.Key + " text");
+                Assert.Equal((string)v["sha1"], kv.Value.Sha1, kv.Key + " sha1");
+            }
             Assert.Equal(Convert.ToInt64(Vectors()["linger_ms"]), Scripts.LingerMs, "linger_ms");
             Assert.Equal(Convert.ToInt32(Vectors()["max_event_text"]), Tokens.MaxEventText, "max_event_text");
+        }
+
+        /// <summary>[S4]: this peer cannot send a duration over the limit (a TimeSpan is shorter).</summary>
+        [Test]
+        static void Vectors_Limits()
+        {
+            var lim = Section("limits");
+            Assert.True((long)TimeSpan.MaxValue.TotalMilliseconds <= Long(lim["max_duration_ms"]), "the longest TimeSpan is within max_duration_ms");
+            Assert.Equal(100L * 365 * 24 * 3600 * 1000, Long(lim["century_ms"]), "century_ms");
+            Assert.Equal(1000L, Long(lim["max_spread_ms"]), "max_spread_ms");
+        }
+
+        /// <summary>
+        /// [W7], [W9]: the random extra delay a waiter adds to pttl + 1 ms
+        /// stays within the vectors' bounds (latest - earliest) and is drawn
+        /// at random. (The rest of the timer, pttl + 1 ms, is computed inline
+        /// in Wait.Busy, which no vector reaches.)
+        /// </summary>
+        [Test]
+        static void Vectors_Timers()
+        {
+            var asm = typeof(MemoLock).Assembly;
+            var engineType = asm.GetType("MemoLockNet.FlightEngine", true);
+            var waitType = asm.GetType("MemoLockNet.Wait", true);
+            var spread = waitType.GetMethod("Spread", BindingFlags.NonPublic | BindingFlags.Instance);
+            Assert.True(spread != null, "Wait.Spread exists");
+            foreach (var t in List("timers"))
+            {
+                long pttl = Long(t["pttl_ms"]), lockTtl = Long(t["lock_ttl_ms"]);
+                if (pttl < 0) continue; // a lock without TTL: no spread
+                var engine = Activator.CreateInstance(engineType, BindingFlags.Public | BindingFlags.Instance, null, new object[] { null, null, lockTtl, 0L, null }, null);
+                var wait = Activator.CreateInstance(waitType, BindingFlags.Public | BindingFlags.Instance, null, new object[] { engine, null }, null);
+                long widest = (Long(t["latest_us"]) - Long(t["earliest_us"])) / 1000; // ms
+                long most = 0;
+                for (int i = 0; i < 400; i++)
+                {
+                    long extra = (long)spread.Invoke(wait, new object[] { pttl });
+                    Assert.True(extra >= 0 && extra <= widest, "pttl " + pttl + ": extra delay " + extra + " ms within [0, " + widest + "]");
+                    most = Math.Max(most, extra);
+                }
+                if (widest >= 100) Assert.True(most > 0, "pttl " + pttl + ": the extra delay is drawn at random");
+            }
+        }
+
+        /// <summary>
+        /// [L5]: the lock TTL that acquire and renew get (FlightEngine.LockTtlMs),
+        /// in whole ms, truncated; a lock TTL under 1 ms is refused, never sent
+        /// as 0 or rounded up. No connection is made: a client dials lazily.
+        /// </summary>
+        [Test]
+        static void Vectors_LockTtls()
+        {
+            var engineField = typeof(MemoLock).GetField("Engine", BindingFlags.NonPublic | BindingFlags.Instance);
+            Assert.True(engineField != null, "MemoLock.Engine exists");
+            int checkedCount = 0;
+            foreach (var v in List("lock_ttls"))
+            {
+                long ns = Long(v["ns"]);
+                string what = "lock TTL " + ns + " ns";
+                using (var rdb = new RespTransport("redis://127.0.0.1:1"))
+                {
+                    MemoLock c = null;
+                    try { c = new MemoLock(rdb, "t", TimeSpan.FromTicks(ns / 100)); }
+                    catch (ArgumentException) { }
+                    try
+                    {
+                        if (v["arg"] == null)
+                        {
+                            Assert.True(c == null, what + " is refused");
+                            continue;
+                        }
+                        Assert.True(c != null, what + " is accepted");
+                        var engine = engineField.GetValue(c);
+                        var ms = (long)engine.GetType().GetField("LockTtlMs", BindingFlags.NonPublic | BindingFlags.Public | BindingFlags.Instance).GetValue(engine);
+                        Assert.Equal((string)v["arg"], ms.ToString(System.Globalization.CultureInfo.InvariantCulture), what + ": the argument sent");
+                    }
+                    finally
+                    {
+                        if (c != null) c.Close();
+                        checkedCount++;
+                    }
+                }
+            }
+            Assert.True(checkedCount >= 10, "lock_ttls entries checked: " + checkedCount);
+        }
+
+        /// <summary>
+        /// [A1], [A2]: the CLI's reading of --id, --id-hex and --id-base64
+        /// (MemoLockCli.Program.OneId in bin/memolock.exe). An --id that is
+        /// not UTF-8 needs the launcher's latin1 argv: Run_IdIsTheArgumentsRawBytes.
+        /// </summary>
+        [Test]
+        static void Vectors_CliIds()
+        {
+            var program = Assembly.LoadFrom(Cli.Exe).GetType("MemoLockCli.Program", true);
+            var oneId = program.GetMethod("OneId", BindingFlags.NonPublic | BindingFlags.Static);
+            Assert.True(oneId != null, "Program.OneId exists");
+            var strict = new UTF8Encoding(false, true);
+            int checkedCount = 0;
+            foreach (var c in List("cli_ids"))
+            {
+                string flag = (string)c["flag"];
+                byte[] raw = B64(c["arg_b64"]);
+                string arg;
+                try { arg = strict.GetString(raw); }
+                catch (DecoderFallbackException) { continue; }
+                string err = null;
+                byte[] id = null;
+                try { id = (byte[])oneId.Invoke(null, new object[] { new List<string[]> { new[] { flag.Substring(2), arg } } }); }
+                catch (TargetInvocationException e) { err = e.InnerException.Message; }
+                string what = flag + " " + Assert.Show(raw);
+                if (c["id_b64"] == null)
+                {
+                    Assert.True(err != null, what + " is refused");
+                    Assert.True(err.StartsWith(flag + " "), what + ": the error names the flag: " + err);
+                }
+                else
+                {
+                    Assert.True(err == null, what + " is accepted: " + err);
+                    Assert.Bytes(B64(c["id_b64"]), id, what);
+                }
+                checkedCount++;
+            }
+            Assert.True(checkedCount >= 30, "cli_ids entries checked: " + checkedCount);
         }
 
         [Test]
@@ -109,7 +258,9 @@ namespace MemoLockTests
                 string what = "parse " + Assert.Show(payload);
                 Assert.Equal((string)p["kind"], kind, what + ": kind");
                 Assert.Equal((string)p["token"], token, what + ": token");
-                Assert.Bytes(B64(p["text_b64"]), Bytes.Utf8.GetBytes(text), what + ": text");
+                // The message as bytes, which need not be UTF-8 ([EV3]); as text, decoded.
+                Assert.Bytes(B64(p["text_b64"]), Tokens.EventMessage(payload), what + ": message bytes");
+                Assert.Equal(Bytes.Utf8.GetString(B64(p["text_b64"])), text, what + ": message text");
             }
         }
 

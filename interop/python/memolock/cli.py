@@ -1,17 +1,22 @@
-"""`python3 -m memolock run`: memoize a command's standard output.
+"""`memolock-py run` (or `python3 -m memolock run`): memoize a command's
+standard output through Redis.
 
-Same flags, semantics and exit codes as the Go `memolock run`
-(cmd/memolock/runcmd.go): the command's stdout is the value; the invocation
-that ran a failing command passes its output and status through and waiters
-fail at once; 124 when --wait runs out; 126/127 cannot execute / not found;
-128+N for signals; 2 for bad usage; 1 for other errors. One addition: 3
-when the id is recorded as "not found" (memolock.NotFound, from a library
-client elsewhere whose fetch found nothing); Go's run exits 1 then.
+The Go CLI's `memolock run` (cmd/memolock/runcmd.go), and its conventions
+(cmd/memolock/cli.go): the same flags (but --cluster), semantics, exit codes,
+help pages, usage errors and status line, so that a script or a person can
+use one CLI in place of another. The command's stdout is the value; the
+invocation that ran a failing command passes its output and status through
+and waiters fail at once; 124 when --wait runs out; 126/127 cannot execute /
+not found; 128+N for signals; 2 for bad usage; 1 for other errors, "not
+found" (a memolock client's fetch found nothing for the id) included.
 """
 
+import base64
 import ctypes
 import errno
 import os
+import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -22,30 +27,41 @@ import urllib.parse
 
 import redis
 
+from . import clipages
 from .client import Client
-from .durations import parse_duration_ns
+from .durations import go_duration, parse_duration_ns
 from .errors import Closed, HolderFailed, NotFound, Timeout
 from .protocol import DEFAULT_LOCK_TTL
+from .status import Status, relay_stream
 
 EXIT_FAILURE, EXIT_USAGE, EXIT_WAIT_LIMIT, EXIT_CANNOT_EXEC, EXIT_NOT_FOUND, EXIT_SIGNAL_BASE = 1, 2, 124, 126, 127, 128
-#: The id has no value (memolock.NotFound): a peer-only addition, Go exits 1.
-EXIT_NO_VALUE = 3
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
+DEFAULT_REDIS_URL = clipages.DEFAULT_REDIS_URL
 KILL_GRACE = 2.0
 #: Bound on one Redis reply (go-redis's default ReadTimeout).
 COMMAND_TIMEOUT = 3.0
 #: The wait without --wait: for ever, in practice.
 NO_LIMIT = 10.0 ** 9
 WITHHELD = "(URL withheld)"
+VERSION = "0.1.0"  # pyproject.toml's
+#: The name of the installed command; `python3 -m memolock` passes its own.
+PROG = "memolock-py"
 
-USAGE = """usage: python3 -m memolock run --tag T --id ID --ttl D [--redis URL] [--lock-ttl D] [--wait D] -- CMD [ARGS...]
-  --redis URL     Redis URL (default $MEMOLOCK_REDIS, then redis://127.0.0.1:6379)
-  --tag T         key tag (required)
-  --id ID         key id (required)
-  --ttl D         how long the output stays cached, 0 for ever (required)
-  --lock-ttl D    lock TTL: how soon others take over if this process dies (default 10s)
-  --wait D        give up waiting after this long, exit 124 (0: no limit)
-"""
+# Signals as Go names them (syscall.Signal.String on Linux), for the texts
+# that waiters elsewhere read (PROTOCOL.md, [A6]).
+SIGNAL_NAMES = {
+    1: "hangup", 2: "interrupt", 3: "quit", 4: "illegal instruction", 5: "trace/breakpoint trap", 6: "aborted",
+    7: "bus error", 8: "floating point exception", 9: "killed", 10: "user defined signal 1",
+    11: "segmentation fault", 12: "user defined signal 2", 13: "broken pipe", 14: "alarm clock", 15: "terminated",
+    16: "stack fault", 17: "child exited", 18: "continued", 19: "stopped (signal)", 20: "stopped",
+    21: "stopped (tty input)", 22: "stopped (tty output)", 23: "urgent I/O condition",
+    24: "CPU time limit exceeded", 25: "file size limit exceeded", 26: "virtual timer expired",
+    27: "profiling timer expired", 28: "window changed", 29: "I/O possible", 30: "power failure",
+    31: "bad system call",
+}
+
+
+def signal_name(n):
+    return SIGNAL_NAMES.get(n, f"signal {n}")
 
 
 class ExitError(Exception):
@@ -54,7 +70,7 @@ class ExitError(Exception):
     def __init__(self, code=0, sig=0):
         self.code, self.sig = code, sig
         if sig:
-            super().__init__(f"command killed by signal {sig} ({signal.Signals(sig).name})")
+            super().__init__(f"command killed by signal {sig} ({signal_name(sig)})")
         else:
             super().__init__(f"command exited with status {code}")
 
@@ -68,6 +84,16 @@ class StartError(Exception):
 class Interrupted(Exception):
     pass
 
+
+class UsageError(Exception):
+    """Bad usage: the message names the flag."""
+
+
+class HelpWanted(Exception):
+    """-h or --help among the flags."""
+
+
+# --- words for messages ------------------------------------------------------
 
 def redact(raw):
     """A Redis URL fit for output: no password, user or query value."""
@@ -96,49 +122,293 @@ def redact(raw):
         return WITHHELD
 
 
-def parse_args(args, stderr):
-    """Go flag-style parsing. Returns (opts dict, argv) or an exit code."""
-    opts = {}
-    names = {"redis", "tag", "id", "ttl", "lock-ttl", "wait"}
+def may_hold_password(arg):
+    return "://" in arg or "@" in arg
+
+
+def redact_arg(arg):
+    """A command-line argument fit for an error message: as it is, or, if it
+    may be a URL with a password in it, redacted as URLs are."""
+    return redact(arg) if may_hold_password(arg) else arg
+
+
+def _printable(ch):
+    return ch.isprintable() and not 0xDC80 <= ord(ch) <= 0xDCFF
+
+
+def go_quote(s):
+    """s in double quotes, with Go's escapes (strconv.Quote); bytes that are
+    not UTF-8 (surrogate escapes in argv) as \\xNN."""
+    named = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
+    out = []
+    for ch in s:
+        o = ord(ch)
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif 0xDC80 <= o <= 0xDCFF:
+            out.append(f"\\x{o - 0xDC00:02x}")
+        elif ch.isprintable():
+            out.append(ch)
+        elif ch in named:
+            out.append(named[ch])
+        elif o < 0x80:
+            out.append(f"\\x{o:02x}")
+        elif o <= 0xFFFF:
+            out.append(f"\\u{o:04x}")
+        else:
+            out.append(f"\\U{o:08x}")
+    return '"' + "".join(out) + '"'
+
+
+def quote_arg(s):
+    """An argument in double quotes: as it is if it prints plainly."""
+    if all(_printable(c) and c not in '"\\' for c in s):
+        return '"' + s + '"'
+    return go_quote(s)
+
+
+def quote_char(c):
+    if 0xDC80 <= ord(c) <= 0xDCFF:
+        c = "\ufffd"  # a byte that is not UTF-8: Go reads it as U+FFFD
+    if c.isprintable() and c not in "'\\":
+        return "'" + c + "'"
+    return "'" + go_quote(c)[1:-1].replace("'", "\\'") + "'"
+
+
+# --- ids -----------------------------------------------------------------------
+
+ID_FLAGS = ("id", "id-hex", "id-base64")
+_B64 = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+
+
+def _from_hex(s):
+    for i, c in enumerate(s):
+        if c not in "0123456789abcdefABCDEF":
+            return None, f"{quote_char(c)} at {i} is not a hex digit"
+    if len(s) % 2:
+        return None, f"odd length: {len(s)} hex digits (two per byte)"
+    return bytes.fromhex(s), None
+
+
+def _from_base64(s):
+    end = len(s.rstrip("="))
+    pad = len(s) - end
+    for i, c in enumerate(s[:end]):
+        if c not in _B64:
+            return None, (f"{quote_char(c)} at {i} is not in the standard base64 alphabet "
+                          "(A-Z a-z 0-9 + /, then = padding)")
+    if end % 4 == 1:
+        return None, f"a length of {end} base64 characters cannot be decoded"
+    want = -end % 4
+    if pad and pad != want:
+        return None, f"wrong padding: {pad} '=' after {end} characters (want {want})"
+    # Bits left over in the last character are ignored, as Go's and .NET's
+    # decoders ignore them.
+    return base64.b64decode(s[:end] + "=" * want), None
+
+
+def one_id(given):
+    """The id from the id flags given, [(name, value)] in order: None if none
+    was given. An id flag given twice counts once, its last value winning,
+    as for any other flag; two different ones are a usage error. --id is the
+    argument's own bytes, as Go sees argv (os.fsencode undoes Python's
+    decoding of argv, surrogateescape included)."""
+    last, names = {}, []
+    for name, v in given:
+        if name not in last:
+            names.append("--" + name)
+        last[name] = v
+    if not names:
+        return None
+    if len(names) > 1:
+        raise UsageError(f"give one of --id, --id-hex and --id-base64, not {' and '.join(names)}")
+    (name, v), = last.items()
+    if name == "id":
+        return os.fsencode(v)
+    b, why = (_from_hex if name == "id-hex" else _from_base64)(v)
+    if why:
+        raise UsageError(f"--{name} {quote_arg(v)}: {why}")
+    return b
+
+
+# --- flags ---------------------------------------------------------------------
+
+RUN_FLAGS = {"tag": "string", "id": "id", "id-hex": "id", "id-base64": "id", "ttl": "duration",
+             "lock-ttl": "duration", "wait": "duration", "redis": "string", "quiet": "bool"}
+_FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(inf|infinity|nan)", re.I)
+
+
+def _duration(name, v):
+    try:
+        return parse_duration_ns(v)
+    except ValueError:
+        pass
+    shown = go_quote(redact_arg(v))
+    if _FLOAT.fullmatch(v):
+        raise UsageError(f"--{name} {shown}: a duration needs a unit: {v}s, {v}ms, {v}m or {v}h")
+    raise UsageError(f"--{name} {shown}: not a duration: write it as 500ms, 30s, 10m or 1h30m")
+
+
+def parse_flags(defs, args):
+    """Parses args as Go's flag package does (-name or --name, then =value or
+    the next argument; a switch takes =true or =false; the flags end at
+    "--" or the first argument that is not one), with its errors worded
+    with --name. Returns (values, id flags in order, the rest); raises
+    UsageError, or HelpWanted for -h and --help."""
+    vals, ids = {}, []
     i = 0
     while i < len(args):
         a = args[i]
+        if len(a) < 2 or a[0] != "-":
+            break
         if a == "--":
             i += 1
             break
-        if not a.startswith("-") or a == "-":
-            break
-        name = a.lstrip("-")
-        if a.startswith("---"):
-            print(f"bad flag syntax: {a}", file=stderr)
-            return EXIT_USAGE
+        name = a[2:] if a[1] == "-" else a[1:]
+        if not name or name[0] in "-=":
+            raise UsageError(f"bad flag syntax: {redact_arg(a)}")
         value = None
         if "=" in name:
             name, value = name.split("=", 1)
-        if name in ("h", "help"):
-            stderr.write(USAGE)
-            return EXIT_USAGE
-        if name not in names:
-            print(f"flag provided but not defined: -{name}", file=stderr)
-            stderr.write(USAGE)
-            return EXIT_USAGE
-        if value is None:
-            if i + 1 >= len(args):
-                print(f"flag needs an argument: -{name}", file=stderr)
-                stderr.write(USAGE)
-                return EXIT_USAGE
-            i += 1
-            value = args[i]
-        if name in ("ttl", "lock-ttl", "wait"):
-            try:
-                value = parse_duration_ns(value)
-            except ValueError:
-                print(f'invalid value "{value}" for flag -{name}: parse error', file=stderr)
-                stderr.write(USAGE)
-                return EXIT_USAGE
-        opts[name] = value
+        kind = defs.get(name)
+        if kind is None:
+            if name in ("h", "help"):
+                raise HelpWanted()
+            raise UsageError(f"unknown flag --{redact_arg(name)}")
         i += 1
-    return opts, args[i:]
+        if kind == "bool":
+            if value is None:
+                vals[name] = True
+            elif value.lower() in ("1", "t", "true"):
+                vals[name] = True
+            elif value.lower() in ("0", "f", "false"):
+                vals[name] = False
+            else:
+                raise UsageError(f"--{name} {go_quote(redact_arg(value))}: a switch takes no value (or =true, =false)")
+            continue
+        if value is None:
+            if i >= len(args):
+                raise UsageError(f"--{name} needs a value")
+            value = args[i]
+            i += 1
+        if kind == "id":
+            ids.append((name, value))
+        elif kind == "duration":
+            vals[name] = _duration(name, value)
+        else:
+            vals[name] = value
+    return vals, ids, args[i:]
+
+
+def stray_before_dashes(args, argv):
+    """Whether the flags ended at an argument that is not a flag, with a "--"
+    after it: argv, the arguments left, is then not the command."""
+    j = len(args) - len(argv) - 1
+    if j >= 0 and args[j] == "--":
+        return False
+    return "--" in argv
+
+
+# --- Redis ---------------------------------------------------------------------
+
+#: The query parameters redis-py takes from a URL (and those of TLS).
+URL_PARAMS = {"db", "socket_timeout", "socket_connect_timeout", "socket_keepalive", "retry_on_timeout",
+              "retry_on_error", "max_connections", "health_check_interval", "client_name"}
+TLS_PARAMS = {"ssl_check_hostname", "ssl_cert_reqs", "ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile"}
+
+
+def _why_withheld(raw):
+    try:
+        u = urllib.parse.urlsplit(raw)
+    except ValueError:
+        return ": it does not parse as a URL"
+    if not u.scheme:
+        return ": it has no scheme"
+    if not raw.startswith(u.scheme + "://") and u.scheme != "unix":
+        return ": it has no // after its scheme"
+    if u.scheme not in ("redis", "rediss", "unix"):
+        return ": its scheme is not redis://, rediss:// (TLS) or unix://"
+    if not u.netloc and u.scheme != "unix":
+        return ": it has no host"
+    return ""
+
+
+def url_problem(raw):
+    """What is wrong with a --redis URL, naming the part and never quoting a
+    value (any of them may be a password); None if nothing is."""
+    if redact(raw) == WITHHELD:
+        return f"{WITHHELD} is not of the form redis://[[user]:password@]host:port[/db]{_why_withheld(raw)}"
+    shown = redact(raw)
+    u = urllib.parse.urlsplit(raw)
+    if re.search(r"%(?![0-9A-Fa-f]{2})", raw):
+        return (f"{shown} is not a valid Redis URL: it has a bad %-escape (a % must be followed by two hex "
+                "digits: write a % in a password as %25)")
+    try:
+        u.port
+    except ValueError:
+        return f"{shown} is not a valid Redis URL: its port is not a number"
+    if u.scheme == "unix" and not u.path:
+        return f"{shown} is not a valid Redis URL: it names no socket: unix:///path/to/redis.sock"
+    if u.scheme != "unix" and u.path.strip("/") and not u.path.strip("/").isdigit():
+        return f"{shown} is not a valid Redis URL: the database (its path) is not a number: redis://host:port/0"
+    q = urllib.parse.parse_qs(u.query, keep_blank_values=True)
+    allowed = URL_PARAMS | (TLS_PARAMS if u.scheme == "rediss" else set())
+    unknown = [k for k in q if k not in allowed]
+    if unknown:
+        hint = ""
+        if "password" in unknown:
+            hint = ("; a password goes in the URL itself: redis://:PASSWORD@host:port, or "
+                    "redis://USER:PASSWORD@host:port")
+        elif "username" in unknown or "user" in unknown:
+            hint = "; a user goes in the URL itself: redis://USER:PASSWORD@host:port"
+        names = ", ".join(go_quote(redact_arg(k)) for k in unknown)
+        return f"{shown} is not a valid Redis URL: unknown parameter {names}{hint}"
+    try:
+        redis.connection.parse_url(raw)
+    except ValueError as e:
+        m = re.search(r"`(\w+)`", str(e))
+        what = f"parameter {go_quote(m.group(1))} has a value redis-py cannot read" if m else "redis-py cannot read it"
+        return f"{shown} is not a valid Redis URL: {what}"
+    return None
+
+
+def _causes(err):
+    while err is not None:
+        yield err
+        err = err.__cause__ or err.__context__
+
+
+def redis_hint(err, raw):
+    """What an operator may do about err, a failure talking to the Redis
+    server at raw, as "; ...", or ""."""
+    text = " ".join(str(e) for e in _causes(err))
+    kinds = {type(e).__name__ for e in _causes(err)}
+    u = urllib.parse.urlsplit(raw)
+    user_only = u.username is not None and u.password is None
+    noauth = "Authentication required" in text or "NOAUTH" in text
+    wrongpass = "invalid username-password pair" in text or "WRONGPASS" in text or "invalid password" in text
+    if (noauth or wrongpass) and user_only:
+        return ("; the URL has a user name but no password: if that name is the password (redis-cli's "
+                "redis://PASSWORD@host), write redis://:PASSWORD@host")
+    if noauth:
+        return "; the server wants a password: redis://:PASSWORD@host, or redis://USER:PASSWORD@host for an ACL user"
+    if wrongpass:
+        return "; the user name or the password is wrong, or the user is disabled"
+    if "NoPermissionError" in kinds or "NOPERM" in text or "no permissions" in text or \
+            "user executing the script can't run" in text:
+        return "; the Redis user lacks a permission: 'memolock check' (Go's CLI) names the ACL rules to add"
+    if "MOVED " in text or "CROSSSLOT" in text:
+        return "; this is a Redis Cluster, which this CLI does not support: Go's memolock run --cluster does"
+    return ""
+
+
+def lib_error(err):
+    """The text of a library error without its "memolock: " prefixes: the
+    CLI's own prefix says where it comes from."""
+    msg = str(err)
+    while msg.startswith("memolock: "):
+        msg = msg[len("memolock: "):]
+    return msg.replace(": memolock: ", ": ")
 
 
 # --- the command's processes -------------------------------------------------
@@ -236,7 +506,13 @@ class Signals:
             signal.signal(s, h)
 
 
-def _start(argv, stdout_fd):
+def _go_errno(e):
+    """An OSError's reason as Go words it: the C library's, lower case first."""
+    s = e.strerror or str(e)
+    return s[:1].lower() + s[1:]
+
+
+def _start(argv, stdout_fd, stderr_fd=None):
     path = argv[0]
     if "/" not in path:
         # As Go's exec.LookPath: only an executable file on $PATH counts
@@ -246,28 +522,54 @@ def _start(argv, stdout_fd):
             raise StartError(EXIT_NOT_FOUND, f'exec: "{path}": executable file not found in $PATH')
         path = found
     try:
-        return subprocess.Popen(argv, executable=path, stdout=stdout_fd, close_fds=True)
+        return subprocess.Popen(argv, executable=path, stdout=stdout_fd, stderr=stderr_fd, close_fds=True)
     except OSError as e:
         if e.errno == errno.ENOEXEC:
             # As Go: /bin/sh runs the file found, not a name it would look up itself.
-            return _start(["/bin/sh", path] + argv[1:], stdout_fd)
+            return _start(["/bin/sh", path] + argv[1:], stdout_fd, stderr_fd)
+        # Go's words, so that a waiter elsewhere reads the same failure
+        # whichever CLI ran the command (PROTOCOL.md, [A6]).
+        why = f"fork/exec {path}: {_go_errno(e)}"
         if isinstance(e, FileNotFoundError):
             if os.path.exists(path):
-                raise StartError(EXIT_CANNOT_EXEC, f"{path}: bad interpreter: {e.strerror}")
-            raise StartError(EXIT_NOT_FOUND, f"{path}: {e.strerror}")
-        raise StartError(EXIT_CANNOT_EXEC, f"{path}: {e.strerror}")
+                raise StartError(EXIT_CANNOT_EXEC, f"{path}: bad interpreter: {why}")
+            raise StartError(EXIT_NOT_FOUND, why)
+        raise StartError(EXIT_CANNOT_EXEC, why)
 
 
-def run_group(argv, sig, cancelled, result):
+def run_group(argv, sig, cancelled, result, status=None):
     """Runs argv; returns its stdout, raises ExitError / StartError, or
-    Interrupted once the command's processes are stopped and gone."""
+    Interrupted once the command's processes are stopped and gone. With a
+    status line on a terminal, the command's stderr passes through it."""
     if sig.first.is_set() or cancelled.is_set():
         raise Interrupted()
     r, w = os.pipe()
+    er = ew = None
+    if status is not None and status.on_terminal():
+        er, ew = os.pipe()
     try:
-        proc = _start(argv, w)
+        proc = _start(argv, w, ew)
+    except BaseException:
+        if er is not None:
+            os.close(er)
+        raise
     finally:
         os.close(w)
+        if ew is not None:
+            os.close(ew)
+    relayed = relay_stream(status, er) if er is not None else None
+    try:
+        return _collect(proc, r, sig, cancelled, result)
+    finally:
+        if relayed is not None:
+            # The last of the command's stderr, before anything run says
+            # about its end; a process it left behind that holds stderr
+            # open does not hold run up for long.
+            relayed.join(0.2)
+
+
+def _collect(proc, r, sig, cancelled, result):
+    """The output of proc, from r, once it and its output have ended."""
     chunks = []
 
     def reader():
@@ -322,42 +624,6 @@ def _killed_like(rc):
     return rc < 0 or rc > EXIT_SIGNAL_BASE
 
 
-class Progress:
-    """Says on stderr, once a second, that the invocation waits, and on whom."""
-
-    def __init__(self, stderr, name):
-        self.stderr, self.name, self.started = stderr, name, time.monotonic()
-        self.quit = None
-        self.thread = None
-        self.mu = threading.Lock()
-
-    def waiting(self, _id, holder):
-        with self.mu:
-            if self.quit is not None:
-                return
-            self.quit = threading.Event()
-            self.thread = threading.Thread(target=self._loop, args=(holder, self.quit), daemon=True)
-            self.thread.start()
-
-    def _loop(self, holder, quit):
-        while True:
-            try:
-                self.stderr.write(f"memolock: waiting for {self.name}, computed by {holder} "
-                                  f"({time.monotonic() - self.started:.1f}s)\n")
-                self.stderr.flush()
-            except Exception:
-                pass
-            if quit.wait(1.0):
-                return
-
-    def stop(self):
-        with self.mu:
-            if self.quit is not None:
-                self.quit.set()
-        if self.thread is not None:
-            self.thread.join()
-
-
 def _in_thread(fn):
     """Runs fn on another thread, waiting for it in short steps so that the
     signal handlers, which run on this (the main) thread, are not held up."""
@@ -367,51 +633,92 @@ def _in_thread(fn):
         t.join(0.05)
 
 
-def run(args, stdout=None, stderr=None):
-    stdout = stdout or sys.stdout.buffer
-    stderr = stderr or sys.stderr
-    parsed = parse_args(args, stderr)
-    if isinstance(parsed, int):
-        return parsed
-    opts, argv = parsed
-    tag, id = opts.get("tag", ""), opts.get("id", "")
-    ttl, wait = opts.get("ttl"), opts.get("wait", 0)
-    lock_ttl = opts.get("lock-ttl", 0) or int(DEFAULT_LOCK_TTL * 1e9)  # 0: the default, as Go
-    if not tag or not id:
-        print("memolock run: --tag and --id are required", file=stderr)
-        return EXIT_USAGE
-    if ttl is None:
-        print("memolock run: --ttl is required (0 caches for ever)", file=stderr)
-        return EXIT_USAGE
-    if ttl < 0:
-        print(f"memolock run: --ttl {ttl / 1e9}s is negative; give how long the output stays cached, or 0 for ever",
-              file=stderr)
-        return EXIT_USAGE
-    if wait < 0:
-        print(f"memolock run: --wait {wait / 1e9}s is negative; give a limit, or 0 for none", file=stderr)
-        return EXIT_USAGE
-    if not argv:
-        print("memolock run: no command given; put it after --", file=stderr)
-        return EXIT_USAGE
-    url = opts.get("redis") or os.environ.get("MEMOLOCK_REDIS") or DEFAULT_REDIS_URL
-    if redact(url) == WITHHELD:
-        print(f"memolock run: --redis {WITHHELD} is not of the form redis://[user:password@]host:port/db", file=stderr)
-        return EXIT_USAGE
-    try:
-        extra = {} if url.startswith("unix:") else {"socket_connect_timeout": 5}
-        # go-redis's default read timeout: a stalled Redis fails the run, it does not hang it.
-        rdb = redis.Redis.from_url(url, socket_timeout=COMMAND_TIMEOUT, **extra)
-    except Exception:
-        print(f"memolock run: --redis {redact(url)} is not a valid Redis URL", file=stderr)
-        return EXIT_USAGE
-    progress = Progress(stderr, f"{tag}:{id}")
-    try:
-        client = Client(rdb, tag, lock_ttl=lock_ttl / 1e9, on_wait=progress.waiting)
-    except ValueError as e:
-        print(f"memolock run: {e}", file=stderr)
-        rdb.close()
+class Out:
+    """stdout and stderr of a command of the CLI: bytes, and lines on stderr
+    that start with "PROG CMD: " exactly once."""
+
+    def __init__(self, prog, cmd, stdout=None, stderr=None):
+        self.prog, self.cmd = prog, cmd
+        self.stdout = stdout or sys.stdout.buffer
+        self.stderr = stderr or sys.stderr.buffer
+        self.prefix = f"{prog} {cmd}: "
+
+    def _put(self, stream, text):
+        stream.write(text.encode("utf-8", "surrogateescape"))
+        stream.flush()
+
+    def page(self, text):
+        self._put(self.stdout, text)
+        return 0
+
+    def say(self, line):
+        self._put(self.stderr, self.prefix + line + "\n")
+
+    def usage(self, msg):
+        self._put(self.stderr, f"{self.prefix}{msg}\nRun '{self.prog} {self.cmd} --help' for usage.\n")
         return EXIT_USAGE
 
+
+def run(args, stdout=None, stderr=None, prog=PROG):
+    o = Out(prog, "run", stdout, stderr)
+    try:
+        vals, ids, argv = parse_flags(RUN_FLAGS, args)
+        tag = vals.get("tag", "")
+        id = one_id(ids)
+        if not tag or id is None or id == b"":
+            raise UsageError("--tag and --id (or --id-hex, --id-base64) are required")
+        ttl, wait, lock_ttl = vals.get("ttl"), vals.get("wait", 0), vals.get("lock-ttl", 0)
+        if ttl is None:
+            raise UsageError("--ttl is required (0 caches for ever)")
+        if ttl < 0:
+            raise UsageError(f"--ttl {go_duration(ttl)} is negative; give how long the output stays cached, or 0 "
+                             "for ever")
+        if wait < 0:
+            raise UsageError(f"--wait {go_duration(wait)} is negative; give a limit, or 0 for none")
+        if lock_ttl < 0 or 0 < lock_ttl < 10**6:
+            raise UsageError(f"--lock-ttl {go_duration(lock_ttl)} is under 1ms; Redis locks are set in whole "
+                             "milliseconds (0: the default, 10s)")
+        if not argv:
+            raise UsageError("no command given; put it after --")
+        if "://" in argv[0] or may_hold_password(argv[0]) and stray_before_dashes(args, argv):
+            # A URL after --quiet, which takes none, would otherwise run as
+            # the command, and be printed if it failed to start.
+            raise UsageError(f"unexpected argument {quote_arg(redact_arg(argv[0]))} before the command; give the "
+                             "URL with --redis, and the command after --")
+        url = vals.get("redis") or os.environ.get("MEMOLOCK_REDIS") or DEFAULT_REDIS_URL
+        problem = url_problem(url)
+        if problem:
+            raise UsageError(f"--redis {problem}")
+    except HelpWanted:
+        return o.page(clipages.render(clipages.RUN, prog))
+    except UsageError as e:
+        return o.usage(str(e))
+    lock_ttl = lock_ttl or int(DEFAULT_LOCK_TTL * 1e9)  # 0: the default, as Go's
+    # As shown to people: --id as given, other ids as UTF-8 where they are.
+    shown = f"{tag}:" + (id.decode("utf-8", "backslashreplace") if not ids or ids[-1][0] != "id" else ids[-1][1])
+    extra = {} if url.startswith("unix:") else {"socket_connect_timeout": 5}
+    try:
+        # go-redis's default read timeout: a stalled Redis fails the run, it does not hang it.
+        rdb = redis.Redis.from_url(url, socket_timeout=COMMAND_TIMEOUT, **extra)
+    except (ValueError, TypeError):
+        return o.usage(f"--redis {redact(url)} is not a valid Redis URL: redis-py cannot read it")
+    holder = {}
+    fetched = threading.Event()
+    status = None
+
+    def on_wait(id_, h):
+        holder["last"] = h
+        if status is not None:
+            status.waiting(id_, h)
+
+    try:
+        # The tag's bytes as given too, as Go's.
+        client = Client(rdb, os.fsencode(tag), lock_ttl=lock_ttl / 1e9, on_wait=on_wait)
+    except ValueError as e:
+        rdb.close()
+        return o.usage(lib_error(e))
+    if not vals.get("quiet"):
+        status = Status(o.stderr, o.prefix, shown)
     _set_subreaper()
     sig = Signals()
     closer_stop = threading.Event()
@@ -429,14 +736,18 @@ def run(args, stdout=None, stderr=None):
     result = {}
 
     def fetch(lease):
+        fetched.set()
+        if status is not None:
+            status.computing()
         try:
-            out = run_group(argv, sig, lease.cancelled, result)
+            out = run_group(argv, sig, lease.cancelled, result, status)
         except Interrupted:
             client.close()  # from inside fetch: hands the lock over with abandon
             raise
         return out, ttl / 1e9
 
     box = {}
+    started = time.monotonic()
 
     def call():
         try:
@@ -455,50 +766,102 @@ def run(args, stdout=None, stderr=None):
     closer_stop.set()
     _in_thread(ct.join)
     out, err = box.get("out"), box.get("err")
-    progress.stop()
+    if status is not None:
+        status.done()
     sig.restore()
     rdb.close()
 
     if err is None:
         try:
-            stdout.write(out)
-            stdout.flush()
-        except Exception as e:
-            print(f"memolock run: writing output: {e}", file=stderr)
+            o.stdout.write(out)
+            o.stdout.flush()
+        except Exception as e:  # noqa: BLE001
+            o.say(f"writing output: {e}")
             return EXIT_FAILURE
         return 0
     if sig.got:
-        print(f"memolock run: interrupted by {signal.Signals(sig.got).name}", file=stderr)
+        o.say(f"interrupted by {signal_name(sig.got)}")
         return EXIT_SIGNAL_BASE + sig.got
     if isinstance(err, ExitError):
         try:
-            stdout.write(result.get("partial", b""))
-            stdout.flush()
-        except Exception:
+            o.stdout.write(result.get("partial", b""))
+            o.stdout.flush()
+        except Exception:  # noqa: BLE001
             pass
         return EXIT_SIGNAL_BASE + err.sig if err.sig else err.code
     if isinstance(err, StartError):
-        print(f"memolock run: {err}", file=stderr)
+        o.say(str(err))
         return err.code
     if isinstance(err, HolderFailed):
-        print(f"memolock run: the command failed where it ran: {err}", file=stderr)
+        o.say(f"the command failed where it ran: {lib_error(err)}")
         return EXIT_FAILURE
     if isinstance(err, NotFound):
-        print(f"memolock run: not found: {tag}:{id} has no value (a memolock client's fetch found nothing for it)",
-              file=stderr)
-        return EXIT_NO_VALUE
+        o.say(f"not found: {shown} has no value (a memolock client's fetch found nothing for it)")
+        return EXIT_FAILURE
     if isinstance(err, Timeout):
-        print(f"memolock run: gave up after {wait / 1e9}s (--wait): {err}", file=stderr)
+        w = go_duration(wait)
+        if fetched.is_set():
+            o.say(f"--wait {w} ran out while the command ran here")
+        elif holder.get("last"):
+            o.say(f"gave up waiting for {shown} after {time.monotonic() - started:.1f}s (--wait {w}): "
+                  f"{holder['last']} computes it, and has not finished")
+        else:
+            # Nobody was seen holding the lock: Redis never answered.
+            o.say(f"Redis ({redact(url)}) did not answer within --wait {w}{redis_hint(err, url)}")
         return EXIT_WAIT_LIMIT
     if isinstance(err, Closed) and isinstance(err.__cause__, Interrupted):
         return EXIT_FAILURE
-    print(f"memolock run: {err} (redis {redact(url)})", file=stderr)
+    o.say(f"{lib_error(err)} (redis {redact(url)}){redis_hint(err, url)}")
     return EXIT_FAILURE
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] != "run":
-        sys.stderr.write("usage: python3 -m memolock run [flags] -- CMD [ARGS...]\n\n" + USAGE)
+def version_line(prog):
+    return (f"{prog} {VERSION} (the Python peer) Python {platform.python_version()} redis-py {redis.__version__} "
+            f"{sys.platform}/{platform.machine()}")
+
+
+def version(args, stdout=None, stderr=None, prog=PROG):
+    o = Out(prog, "version", stdout, stderr)
+    try:
+        _, _, rest = parse_flags({}, args)
+        if rest:
+            raise UsageError(f"unexpected argument {quote_arg(redact_arg(rest[0]))}")
+    except HelpWanted:
+        return o.page(clipages.render(clipages.VERSION, prog))
+    except UsageError as e:
+        return o.usage(str(e))
+    return o.page(version_line(prog) + "\n")
+
+
+def help_(args, stdout=None, stderr=None, prog=PROG):
+    o = Out(prog, "help", stdout, stderr)
+    if not args:
+        return o.page(clipages.main_page(prog))
+    if args[0] in ("-h", "--help", "-help", "help"):
+        return o.page(clipages.render(clipages.HELP, prog))
+    if args[0] not in COMMANDS:
+        o._put(o.stderr, f"{prog} help: unknown command {quote_arg(redact_arg(args[0]))}\n"
+                         f"Run '{prog} --help' for the list.\n")
         return EXIT_USAGE
-    return run(argv[1:])
+    return COMMANDS[args[0]](["--help"], stdout, stderr, prog)
+
+
+COMMANDS = {"run": run, "version": version, "help": help_}
+
+
+def main(argv=None, prog=None):
+    argv = sys.argv[1:] if argv is None else argv
+    prog = prog or PROG
+    out = Out(prog, "", None, None)
+    if not argv:
+        out._put(out.stderr, clipages.main_page(prog))
+        return EXIT_USAGE
+    if argv[0] in ("-h", "--help", "-help"):
+        return out.page(clipages.main_page(prog))
+    if argv[0] in ("--version", "-version"):
+        return version(argv[1:], prog=prog)
+    if argv[0] in COMMANDS:
+        return COMMANDS[argv[0]](argv[1:], prog=prog)
+    out._put(out.stderr, f"{prog}: unknown command {quote_arg(redact_arg(argv[0]))}\n"
+                         f"Run '{prog} --help' for the list of commands.\n")
+    return EXIT_USAGE

@@ -71,3 +71,30 @@ def format_duration(ns):
     if ns % 10**6 == 0:
         return f"{ns // 10**6}ms"
     return f"{ns / 1e9}s"
+
+
+def go_duration(ns):
+    """ns as Go's time.Duration.String writes it ("1.5s", "2m0s", "300ms",
+    "500µs"): the CLI's messages say durations as Go's CLI does."""
+    if ns == 0:
+        return "0s"
+    sign, u = ("-", -ns) if ns < 0 else ("", ns)
+
+    def frac(v, prec):
+        digits = f"{v % 10**prec:0{prec}d}".rstrip("0")
+        return v // 10**prec, ("." + digits if digits else "")
+
+    if u < 10**9:
+        if u < 1000:
+            return f"{sign}{u}ns"
+        prec, unit = (3, "\u00b5s") if u < 10**6 else (6, "ms")
+        whole, f = frac(u, prec)
+        return f"{sign}{whole}{f}{unit}"
+    secs, f = frac(u, 9)
+    out = f"{secs % 60}{f}s"
+    mins = secs // 60
+    if mins:
+        out = f"{mins % 60}m" + out
+        if mins // 60:
+            out = f"{mins // 60}h" + out
+    return sign + out

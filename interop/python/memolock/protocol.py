@@ -1,7 +1,7 @@
 """The wire protocol: key scheme, tokens, events and the five Lua scripts.
 
 Everything here is pure (no I/O) and shared by the sync and asyncio clients.
-The script texts are byte for byte those of the Go reference (protocol.go).
+The script texts are byte for byte those of the Go reference (internal/wire/scripts.go).
 """
 
 import hashlib
@@ -15,18 +15,25 @@ from .errors import InvalidArgument
 ACQUIRE_SRC = r"""local v = redis.call('GET', KEYS[1])
 local early = tonumber(ARGV[3]) or 0
 if v then
-  if early < 1 and ARGV[4] ~= '1' then return v end
-  local h = redis.call('GET', KEYS[2])
-  if early >= 1 then
-    if h == ARGV[1] then return {v, 1} end
-    local left = redis.call('PTTL', KEYS[1])
-    if not h and left >= 0 and left < early then
-      redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
-      return {v, 1}
+  local flag = 0
+  if early >= 1 or ARGV[4] == '1' then
+    local h = redis.call('GET', KEYS[2])
+    if early >= 1 then
+      if h == ARGV[1] then
+        flag = 1
+      else
+        local left = redis.call('PTTL', KEYS[1])
+        if not h and left >= 0 and left < early then
+          redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+          flag = 1
+        end
+      end
     end
+    if flag == 0 and h and string.sub(h, 1, 6) == 'stale:' then flag = 2 end
   end
-  if h and string.sub(h, 1, 6) == 'stale:' then return {v, 2} end
-  return v
+  if ARGV[5] == '1' then return {v, flag, redis.call('PTTL', KEYS[1])} end
+  if flag == 0 then return v end
+  return {v, flag}
 end
 local gone = redis.call('PTTL', KEYS[3])
 if gone ~= -2 then return {gone} end

@@ -56,10 +56,11 @@ class Watch:
 
 
 class Events:
-    __slots__ = ("reread", "messages", "err", "closed")
+    __slots__ = ("reread", "messages", "err", "closed", "live")
 
-    def __init__(self, reread, messages, err, closed):
+    def __init__(self, reread, messages, err, closed, live=False):
         self.reread, self.messages, self.err, self.closed = reread, messages, err, closed
+        self.live = live  # subscribed, with a marker back, on the current connection
 
 
 def connection_kwargs(pool, socket_timeout):
@@ -152,9 +153,20 @@ class SubState:
         """Returns and clears what w collected (and clears its signal)."""
         with self._mu:
             w.signal.clear()
-            ev = Events(w.reread, w.messages, w.err, w.closed)
+            ev = Events(w.reread, w.messages, w.err, w.closed, w.live)
             w.reread, w.messages = False, []
             return ev
+
+    def mark(self, w):
+        """Asks for a marker round trip for w: once it is back, take()
+        shows reread, and everything published before the marker was sent
+        has been collected (a replaced connection shows reread too, after
+        its own marker)."""
+        with self._mu:
+            if w.gone or w.closed:
+                return
+            self._unmarked.append(w)
+        self._wake()
 
     def live_watches(self, ch):
         with self._mu:

@@ -95,6 +95,15 @@ def rdb(server):
     r.close()
 
 
+def key_misses(r):
+    """The server's count of key lookups that found nothing (INFO stats),
+    scripts' included. While no value is stored, every acquire misses the
+    same keys (the value, the not-found marker): a holder's one lookup is
+    the unit, and the count tells how many lookups the server has run,
+    however slowly each client got to its own."""
+    return int(r.info("stats")["keyspace_misses"])
+
+
 _counter = [0]
 
 

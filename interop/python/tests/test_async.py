@@ -7,6 +7,7 @@ import pytest
 import redis.asyncio as aredis
 
 import memolock
+from conftest import key_misses
 from memolock import protocol as P
 
 WAIT = 20
@@ -53,6 +54,7 @@ def test_async_miss_hit_coalescing(server, tag):
 def test_async_waiter_and_failure(server, tag):
     async def main():
         r1, r2 = aredis.Redis(port=server.port), aredis.Redis(port=server.port)
+        sync = server.client()  # INFO from the loop is quick; no await needed
         c1 = memolock.AsyncClient(r1, tag, lock_ttl=30)
         c2 = memolock.AsyncClient(r2, tag, lock_ttl=30)
         try:
@@ -65,15 +67,28 @@ def test_async_waiter_and_failure(server, tag):
             assert await c2.get("p", slow) == b"published"
             assert await t == b"published"
 
+            fail = asyncio.Event()
+            started = asyncio.Event()
+
             async def bad(lease):
-                await asyncio.sleep(0.3)
+                started.set()
+                await fail.wait()
                 raise RuntimeError("async boom\nmore")
 
+            before = key_misses(sync)
             t = asyncio.create_task(c1.get("f", bad))
-            await asyncio.sleep(0.1)
+            await started.wait()
+            lookup = key_misses(sync) - before
+            assert lookup > 0, "the holder's lookup missed no key"
+            w = asyncio.create_task(c2.get("f", bad))
+            # The holder fails only after the waiter's lookup once its
+            # subscription is live: a failure released before it leaves the
+            # lock free, and the waiter computes instead (PROTOCOL.md, step 2).
+            await until(lambda: key_misses(sync) >= before + 3 * lookup)
             t0 = time.monotonic()
+            fail.set()
             with pytest.raises(memolock.HolderFailed) as ei:
-                await c2.get("f", bad)
+                await w
             assert ei.value.message == "async boom"
             assert time.monotonic() - t0 < 10
             with pytest.raises(RuntimeError):
@@ -83,6 +98,7 @@ def test_async_waiter_and_failure(server, tag):
             await c2.close()
             await r1.close()
             await r2.close()
+            sync.close()
 
     arun(main())
 

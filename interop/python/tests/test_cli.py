@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import PKG_ROOT, PYTHON
+from conftest import PKG_ROOT, PYTHON, key_misses
 
 WAIT = 30
 
@@ -92,14 +92,20 @@ def test_failing_holder(server, procs, tag, tmp_path, rdb):
     # The holder fails only once the waiter listens for holder events, so a
     # slow interpreter start cannot make the waiter find the lock already free
     # and run the command itself.
+    before = key_misses(rdb)
     a = procs.run(server.url, tag, "f", "sh", "-c",
                   f"echo x > {started}; while [ ! -e {go} ]; do sleep 0.05; done; echo partial; exit 3",
                   extra=["--lock-ttl", "60s"])
     wait_file(started)
+    lookup = key_misses(rdb) - before
+    assert lookup > 0, "the holder's lookup missed no key"
     b = procs.run(server.url, tag, "f", "echo", "never", extra=["--lock-ttl", "60s"])
+    # And once the waiter has looked up again after its subscription went
+    # live: a failure released before that lookup leaves the lock free
+    # (PROTOCOL.md, step 2). Its two lookups miss what the holder's did.
     deadline = time.monotonic() + WAIT
-    while dict(rdb.pubsub_numsub(f"{tag}/lock-event:f")).get(f"{tag}/lock-event:f".encode(), 0) < 1:
-        assert time.monotonic() < deadline, "the waiter never subscribed"
+    while key_misses(rdb) < before + 3 * lookup:
+        assert time.monotonic() < deadline, "the waiter never looked up twice"
         time.sleep(0.02)
     go.write_text("x")
     t0 = time.monotonic()
@@ -201,3 +207,67 @@ def test_unix_socket_url_and_env(server, procs, tag):
     for p in ps:
         out, err = p.communicate(timeout=WAIT)
         assert p.returncode == 0 and out == b"via unix\n", err
+
+
+# --- ids as bytes: --id is argv's own bytes (as Go's), --id-hex, --id-base64 --
+
+RAW_ID = b"\xff\xfe\xc3(-\x80"  # not UTF-8
+
+
+def run_id(server, tag, id_args, value, counter):
+    """`run` with the given id flags (bytes or str argv items); returns
+    (exit code, stdout, stderr)."""
+    args = [PYTHON, "-m", "memolock", "run", "--redis", server.url, "--tag", tag, *id_args, "--ttl", "1m",
+            "--", "sh", "-c", f'echo run >> {counter}; printf "%s" "$1"', "sh", value]
+    p = subprocess.run(args, cwd=PKG_ROOT, capture_output=True, timeout=WAIT)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_raw_id_bytes_name_one_key_whatever_the_flag(server, rdb, tag, tmp_path):
+    counter = tmp_path / "runs"
+    code, out, err = run_id(server, tag, [b"--id", RAW_ID], "first", counter)
+    assert code == 0 and out == b"first", err
+    # The key is the argument's bytes, as Go names it (not a UTF-8
+    # encoding of Python's surrogates).
+    assert rdb.get(tag.encode() + b":" + RAW_ID) == b"first"
+    for flags in (["--id-hex", RAW_ID.hex()], ["--id-hex", RAW_ID.hex().upper()],
+                  ["--id-base64", "//7DKC2A"], ["--id-base64=//7DKC2A"],
+                  [b"--id", RAW_ID]):
+        code, out, err = run_id(server, tag, flags, "again", counter)
+        assert (code, out) == (0, b"first"), (flags, err)
+    assert counter.read_text().count("run") == 1
+
+
+def test_base64_padding_is_optional(server, rdb, tag, tmp_path):
+    counter = tmp_path / "runs"
+    assert run_id(server, tag, ["--id-base64", "aWQ"], "v", counter)[:2] == (0, b"v")
+    assert run_id(server, tag, ["--id-base64", "aWQ="], "other", counter)[:2] == (0, b"v")
+    assert run_id(server, tag, ["--id", "id"], "other", counter)[:2] == (0, b"v")
+    assert rdb.get(f"{tag}:id") == b"v"
+    assert counter.read_text().count("run") == 1
+
+
+@pytest.mark.parametrize("flags,names", [
+    # The Go and C# CLIs' words (cmd/memolock/ids.go, interop/csharp/cli/IdCodec.cs).
+    (["--id-hex", "zz"], [b"""run: --id-hex "zz": 'z' at 0 is not a hex digit\n"""]),
+    (["--id-hex", "abc"], [b"""run: --id-hex "abc": odd length: 3 hex digits (two per byte)\n"""]),
+    (["--id-hex", "ab cd"], [b"""run: --id-hex "ab cd": ' ' at 2 is not a hex digit\n"""]),
+    (["--id-base64", "a-_b"], [b"""run: --id-base64 "a-_b": '-' at 1 is not in the standard base64 alphabet"""]),
+    (["--id-base64", "Q"], [b"""run: --id-base64 "Q": a length of 1 base64 characters cannot be decoded\n"""]),
+    (["--id-base64", "QQ==QQ=="], [b"""run: --id-base64 "QQ==QQ==": '=' at 2 is not in the standard base64"""]),
+    (["--id-base64", "aGk=="], [b"""--id-base64 "aGk==": wrong padding: 2 '=' after 3 characters (want 1)"""]),
+    (["--id-base64", "h\u00e9"], [b"--id-base64", b"at 1 is not in the standard base64 alphabet"]),
+    (["--id", "x", "--id-hex", "41"], [b"give one of --id, --id-hex and --id-base64, not --id and --id-hex"]),
+    (["--id-hex", "41", "--id-base64", "QQ"], [b"not --id-hex and --id-base64"]),
+    # Given, if empty: two id flags, as Go's and C#'s CLIs count them.
+    (["--id", "", "--id-hex", "00"], [b"not --id and --id-hex"]),
+    ([], [b"run: --tag and --id (or --id-hex, --id-base64) are required\n"]),
+    (["--id", ""], [b"run: --tag and --id (or --id-hex, --id-base64) are required\n"]),
+])
+def test_bad_ids_are_usage_errors_naming_the_flag(server, tag, tmp_path, flags, names):
+    code, out, err = run_id(server, tag, flags, "v", tmp_path / "runs")
+    assert code == 2 and out == b"", err
+    for n in names:
+        assert n in err, err
+    assert b"Traceback" not in err and err.endswith(b"Run 'python3 -m memolock run --help' for usage.\n"), err
+    assert not (tmp_path / "runs").exists()

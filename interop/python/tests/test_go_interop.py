@@ -80,3 +80,23 @@ def test_failing_holder(server, rdb, tag, tmp_path, holder, waiter):
             if p.poll() is None:
                 os.killpg(p.pid, 9)
                 p.communicate()
+
+
+def test_raw_id_bytes_are_one_key_for_go_and_python(server, rdb, tag, tmp_path):
+    # Go's --id is argv's bytes; Python's --id is the same bytes
+    # (os.fsencode), and --id-hex names them too.
+    raw = b"\xff\xfe\xc3(-\x80"
+    counter = tmp_path / "runs"
+    script = f'echo run >> {counter}; printf "from %s" "$1"'
+
+    def run(head, id_flags, who):
+        p = subprocess.run(head + ["run", "--redis", server.url, "--tag", tag, *id_flags, "--ttl", "1m", "--",
+                                   "sh", "-c", script, "sh", who], cwd=PKG_ROOT, capture_output=True, timeout=WAIT)
+        return p.returncode, p.stdout, p.stderr
+
+    assert run([GO_BIN], [b"--id", raw], "go")[:2] == (0, b"from go")
+    assert rdb.get(tag.encode() + b":" + raw) == b"from go"
+    py = [PYTHON, "-m", "memolock"]
+    assert run(py, [b"--id", raw], "python")[:2] == (0, b"from go")
+    assert run(py, ["--id-hex", raw.hex()], "python")[:2] == (0, b"from go")
+    assert counter.read_text().count("run") == 1

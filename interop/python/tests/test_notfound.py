@@ -200,7 +200,7 @@ def test_cli_not_found_exit_status(server, rdb, tag):
         out, err = p.communicate(timeout=CLI_WAIT)
     finally:
         procs.kill_all()
-    assert p.returncode == 3, err
+    assert p.returncode == 1, err
     assert out == b"" and b"not found" in err
 
 

@@ -14,7 +14,7 @@ from memolock.durations import parse_duration_ns
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VECTORS = os.path.join(ROOT, "..", "vectors.json")
-PROTOCOL_GO = os.path.join(ROOT, "..", "..", "protocol.go")
+PROTOCOL_GO = os.path.join(ROOT, "..", "..", "internal", "wire", "scripts.go")
 
 
 def b64(s):
@@ -29,26 +29,133 @@ def vectors():
         return json.load(fh)
 
 
+#: The scripts every peer sends (PROTOCOL.md, Checklist); Go has more.
+CORE_SCRIPTS = {"acquire", "store", "release", "renew", "not_found"}
+
+
+def sharded(src):
+    return src.replace("redis.call('PUBLISH', ", "redis.call('SPUBLISH', ")
+
+
 def test_scripts_sha1(vectors):
-    assert set(vectors["scripts"]) == set(P.SCRIPTS)
+    assert CORE_SCRIPTS <= set(P.SCRIPTS) <= set(vectors["scripts"])
     for name, v in vectors["scripts"].items():
-        assert hashlib.sha1(P.SCRIPTS[name].encode()).hexdigest() == v["sha1"], name
+        src = v["src"]
+        # The text as sent, final newline included ([S1]): the SHA-1 matches only so.
+        assert src.endswith("\n") and not src.endswith("\n\n") and src == src.lstrip(), name
+        assert hashlib.sha1(src.encode()).hexdigest() == v["sha1"], name
+        if sharded(src) != src:
+            assert hashlib.sha1(sharded(src).encode()).hexdigest() == v["sharded_sha1"], name
+        else:
+            assert "sharded_sha1" not in v, name
+    for name, src in P.SCRIPTS.items():
+        assert src == vectors["scripts"][name]["src"], name
+        assert hashlib.sha1(src.encode()).hexdigest() == vectors["scripts"][name]["sha1"], name
 
 
 def test_scripts_match_go_source():
-    if not os.path.exists(PROTOCOL_GO):
-        pytest.skip("protocol.go not present")
+    assert os.path.exists(PROTOCOL_GO), "the Go scripts (internal/wire/scripts.go) are not where this test looks"
     src = open(PROTOCOL_GO, encoding="utf-8").read()
-    go_names = {"not_found": "notFound"}  # vectors.json's name -> protocol.go's
+    go_names = {"not_found": "NotFound"}  # vectors.json's name -> scripts.go's
     for name, text in P.SCRIPTS.items():
-        m = re.search(r"const " + go_names.get(name, name) + r"Src = `([^`]*)`", src)
+        go = go_names.get(name, name[:1].upper() + name[1:])
+        m = re.search(r"const " + go + r"Src = `([^`]*)`", src)
         assert m, name
         assert m.group(1) == text, name
+
+
+def test_vector_scripts_are_the_go_source(vectors):
+    """Every script text in vectors.json, Go's own included, is the Go source."""
+    src = open(PROTOCOL_GO, encoding="utf-8").read()
+    go_names = {"not_found": "NotFound"}
+    for name, v in vectors["scripts"].items():
+        go = go_names.get(name, name[:1].upper() + name[1:])
+        m = re.search(r"const " + go + r"Src = `([^`]*)`", src)
+        assert m and m.group(1) == v["src"], name
 
 
 def test_constants(vectors):
     assert vectors["linger_ms"] == P.LINGER_MS
     assert vectors["max_event_text"] == P.MAX_EVENT_TEXT
+
+
+def test_limits(vectors):
+    """[S4]: this peer never sends a duration over the limit, and refuses
+    (does not clamp) one it cannot send."""
+    lim = vectors["limits"]
+    assert P.MAX_SECONDS * 1000 <= lim["max_duration_ms"]
+    assert P.duration_ms(P.MAX_SECONDS, "ttl") == P.MAX_SECONDS * 1000
+    with pytest.raises(ValueError, match="too long"):
+        P.duration_ms(lim["max_duration_ms"] / 1000 + 1, "ttl")
+    assert P.duration_ms(lim["min_lock_ttl_ms"] / 1000, "lock_ttl", allow_zero=False) == lim["min_lock_ttl_ms"]
+    with pytest.raises(ValueError):
+        P.duration_ms(lim["min_lock_ttl_ms"] / 2000, "lock_ttl", allow_zero=False)
+
+
+def test_value_ttls(vectors):
+    """[C3], [C6]: the value TTL argument of the store script; a negative TTL
+    is refused (this peer treats it as a failure of fetch)."""
+    assert vectors["value_ttls"]
+    for v in vectors["value_ttls"]:
+        seconds = v["ns"] / 10**9
+        if v["arg"] is None:
+            with pytest.raises(ValueError, match="negative"):
+                P.check_value(b"x", seconds)
+        else:
+            assert str(P.check_value(b"x", seconds)[1]) == v["arg"], v
+
+
+def test_lock_ttls(vectors):
+    """[L5]: the lock TTL that acquire and renew get, in whole ms, truncated;
+    a lock TTL under 1 ms is refused, never sent as 0 or rounded up."""
+    from memolock import core
+    assert vectors["lock_ttls"]
+    for v in vectors["lock_ttls"]:
+        seconds = v["ns"] / 10**9
+        if v["arg"] is None:
+            with pytest.raises(ValueError):
+                core.Core("t", seconds, False, 0)
+        else:
+            assert str(core.Core("t", seconds, False, 0).lock_ttl_ms) == v["arg"], v
+
+
+def test_timers(vectors):
+    """[W7]-[W9]: a waiter looks again between the earliest and the latest
+    moment after a busy reply, whatever its random draw."""
+    from memolock import core
+    assert vectors["timers"]
+    wrong = []
+    for t in vectors["timers"]:
+        got = []
+        for draw in (0.0, 0.5, 1.0 - 2**-53):
+            c = core.Core("t", t["lock_ttl_ms"] / 1000, False, 0, rand=lambda d=draw: d)
+            got.append(c.timer(t["pttl_ms"]) * 10**6)
+        # Floats in seconds: allow a microsecond of rounding.
+        if not (abs(got[0] - t["earliest_us"]) <= 1 and all(t["earliest_us"] - 1 <= g <= t["latest_us"] + 1 for g in got)):
+            wrong.append((t, got))
+    assert not wrong, wrong
+
+
+def test_cli_ids(vectors):
+    """[A1], [A2]: what --id, --id-hex and --id-base64 give, or refuse."""
+    from memolock.cli import UsageError, one_id
+    assert vectors["cli_ids"]
+    wrong = []
+    for c in vectors["cli_ids"]:
+        raw = b64(c["arg_b64"])
+        arg = os.fsdecode(raw)  # what Python's argv holds for those bytes
+        want = None if c["id_b64"] is None else b64(c["id_b64"])
+        try:
+            got = one_id([(c["flag"][2:], arg)])
+            if not got:
+                raise UsageError("--tag and --id (or --id-hex, --id-base64) are required")  # as run() refuses it
+        except UsageError as e:
+            if want is not None or c["flag"] not in str(e):
+                wrong.append((c["flag"], raw, want, str(e)))
+            continue
+        if got != want:
+            wrong.append((c["flag"], raw, want, got))
+    assert not wrong, wrong
 
 
 def test_keys(vectors):
@@ -123,9 +230,18 @@ def test_tags(vectors):
 
 
 def test_parse(vectors):
+    assert any(not_utf8(b64(p["text_b64"])) for p in vectors["parse"])
     for p in vectors.get("parse", []):
         kind, token, text = P.parse_event(b64(p["payload_b64"]))
         assert (kind, token, text) == (p["kind"].encode(), p["token"].encode(), b64(p["text_b64"])), p
+
+
+def not_utf8(b):
+    try:
+        b.decode("utf-8")
+        return False
+    except UnicodeDecodeError:
+        return True
 
 
 def test_event_kinds(vectors):

@@ -1,0 +1,703 @@
+"""The sans-I/O core (memolock/core.py), driven by hand: no Redis, no
+threads, no clock but a fake one. Each test feeds a flight the replies and
+events a driver would, and checks the operations it asks for."""
+
+import pytest
+import redis
+
+import memolock
+from memolock import core
+from memolock import protocol as P
+from memolock.subscriber import Events
+
+HOLDER = b"0123456789abcdef0123456789abcdef@elsewhere:1"
+OTHER = b"fedcba9876543210fedcba9876543210@elsewhere:2"
+
+
+class Run:
+    """One of the core's generators, stepped by hand."""
+
+    def __init__(self, gen):
+        self.gen = gen
+        self.done, self.value, self.error = False, None, None
+        self.op = self._step(lambda: next(gen))
+
+    def _step(self, fn):
+        try:
+            return fn()
+        except StopIteration as stop:
+            self.done, self.value = True, stop.value
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            self.done, self.error = True, e
+        return None
+
+    def send(self, v=None):
+        assert not self.done, "the generator has ended"
+        self.op = self._step(lambda: self.gen.send(v))
+        return self.op
+
+    def throw(self, e):
+        assert not self.done, "the generator has ended"
+        self.op = self._step(lambda: self.gen.throw(e))
+        return self.op
+
+    def expect(self, cls, name=None):
+        assert isinstance(self.op, cls), f"expected {cls.__name__}, got {self.op!r} (error {self.error!r})"
+        if name is not None:
+            assert self.op.name == name, self.op
+        return self.op
+
+    def result(self):
+        assert self.done, f"still running: {self.op!r}"
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def events(messages=(), reread=False, err=None, closed=False, live=True):
+    return Events(reread, list(messages), err, closed, live)
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+class Rand:
+    """The timer jitter's random source: a fixed fraction of the bound."""
+
+    def __init__(self, x=0.0):
+        self.x = x
+
+    def __call__(self):
+        return self.x
+
+
+@pytest.fixture
+def rand():
+    return Rand()
+
+
+@pytest.fixture
+def c(clock, rand):
+    return core.Core("t", 3.0, False, 0, clock=clock, rand=rand)
+
+
+def flight(c, id=b"k", fetch=None, start=None):
+    f, leader = c.join(id, fetch or (lambda lease: (b"v", 0)), start, None, core.Flight)
+    assert leader
+    return f
+
+
+def until_waiting(run, f, holder=HOLDER, pttl=2000):
+    """Steps a fresh flight to its first Take on a busy reply naming holder."""
+    run.expect(core.Script, "acquire")
+    run.send([pttl, holder])
+    if holder != f.token:
+        assert run.expect(core.OnWait).holder == holder.decode()
+        run.send()
+    assert run.expect(core.Watch).channels == (b"t/notif:k", b"t/lock-event:k")
+    run.send("watch")
+    assert run.expect(core.Take).watch == "watch"
+
+
+# --- lookups ---------------------------------------------------------------
+
+def test_hit_on_first_lookup(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    op = run.expect(core.Script, "acquire")
+    assert op.keys == [b"t:k", b"t/lock:k", b"t/lock-notfound:k", b"t/lock-stale:k"]
+    assert op.args == [f.token, 3000]
+    run.send(b"1")  # a bulk string "1" is a value
+    assert run.result() == b"1"
+
+
+def test_cached_not_found(c):
+    run = Run(c.pursue(flight(c)))
+    run.send([5000])
+    with pytest.raises(memolock.NotFound, match='"k"'):
+        run.result()
+
+
+def test_lock_taken_runs_fetch_and_stores(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    run.send(1)
+    op = run.expect(core.Fetch)
+    assert op.flight is f and op.first == pytest.approx(1.0)  # lock TTL / 3
+    assert f.state == core.HOLDING and c.callbacks == 1
+    run.send(core.Outcome(result=(b"val", 1.9)))
+    op = run.expect(core.Script, "store")
+    assert op.args == [f.token, b"val", 1900, b"t/notif:k", b"t/lock-event:k", P.LINGER_MS]
+    run.send(1)
+    assert run.result() == b"val"
+
+
+def test_own_token_in_busy_reply_is_our_lock_renewed_sooner(c):
+    # A retried acquire whose first reply was lost: the lock is ours with
+    # 600 ms left, so the first renewal is due within 300 ms.
+    f = flight(c)
+    run = Run(c.pursue(f))
+    run.send([600, f.token])
+    assert run.expect(core.Fetch).first == pytest.approx(0.3)
+
+
+def test_lookup_error_may_have_locked_so_end_releases(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    run.throw(redis.exceptions.ConnectionError("reset"))
+    with pytest.raises(memolock.RedisError, match='reading "t:k": reset'):
+        run.result()
+    end = Run(c.end(f))
+    op = end.expect(core.Script, "release")
+    assert op.keys == [b"t/lock:k", b"t:k"] and op.bounded
+    assert op.args == [f.token, b"t/lock-event:k", P.abandon_event(f.token), 0]
+    end.send(0)
+    end.result()
+
+
+def test_error_reply_did_not_lock(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    run.throw(redis.exceptions.ResponseError("NOSCRIPT"))
+    with pytest.raises(memolock.RedisError):
+        run.result()
+    end = Run(c.end(f))
+    assert end.done  # nothing to release
+
+
+def test_unexpected_reply(c):
+    run = Run(c.pursue(flight(c)))
+    run.send(7)
+    with pytest.raises(memolock.RedisError, match="unexpected acquire reply 7"):
+        run.result()
+
+
+# --- waiting -----------------------------------------------------------------
+
+def test_wait_sleeps_until_the_lock_expires_then_looks_again(c, clock):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_waiting(run, f, pttl=2000)
+    run.send(events())
+    assert run.expect(core.Sleep).seconds == pytest.approx(2.001)
+    clock.now += 2.001
+    run.send(False)
+    run.expect(core.Take)
+    run.send(events())
+    run.expect(core.Script, "acquire")  # the timer ran out: look again
+    run.send(b"late value")
+    assert run.result() == b"late value"
+
+
+def test_wait_on_a_lock_without_ttl_uses_our_lock_ttl(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_waiting(run, f, pttl=-1)
+    run.send(events())
+    assert run.expect(core.Sleep).seconds == pytest.approx(3.0)
+
+
+def test_live_subscription_looks_again(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_waiting(run, f)
+    run.send(events(reread=True))
+    run.expect(core.Script, "acquire")
+    run.send([1500, OTHER])  # the holder changed: on_wait again, same watch
+    assert run.expect(core.OnWait).holder == OTHER.decode()
+    run.send()
+    run.expect(core.Take)
+    assert f.wait.holder == OTHER
+
+
+def test_value_published(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_waiting(run, f)
+    run.send(events([(b"t/lock-event:k", b"fail\n" + OTHER + b"\nnot ours"), (b"t/notif:k", b"pushed")]))
+    assert run.result() == b"pushed"
+
+
+def test_holder_failure(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_waiting(run, f)
+    run.send(events([(b"t/lock-event:k", b"fail\n" + HOLDER + b"\nbackend down")]))
+    with pytest.raises(memolock.HolderFailed) as ei:
+        run.result()
+    assert ei.value.message == "backend down"
+
+
+def test_holder_not_found(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_waiting(run, f)
+    run.send(events([(b"t/lock-event:k", b"notfound\n" + HOLDER + b"\n")]))
+    with pytest.raises(memolock.NotFound):
+        run.result()
+
+
+@pytest.mark.parametrize("kind", [b"abandon", b"stale", b"future-kind"])
+def test_other_events_of_the_holder_look_again(c, kind):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_waiting(run, f)
+    run.send(events([(b"t/lock-event:k", kind + b"\n" + HOLDER + b"\n")]))
+    run.expect(core.Script, "acquire")
+
+
+def test_events_of_other_tokens_are_ignored(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_waiting(run, f)
+    run.send(events([(b"t/lock-event:k", b"abandon\n" + OTHER + b"\n")]))
+    run.expect(core.Sleep)
+
+
+def test_subscription_refused(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_waiting(run, f)
+    run.send(events(err=redis.exceptions.ResponseError("NOPERM")))
+    with pytest.raises(memolock.RedisError, match='subscribing to "t/notif:k": NOPERM'):
+        run.result()
+
+
+def test_subscriber_closed(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_waiting(run, f)
+    run.send(events(closed=True))
+    with pytest.raises(memolock.Closed):
+        run.result()
+
+
+def test_last_caller_leaving_stops_the_wait(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_waiting(run, f)
+    assert c.leave(f) and f.stopped and f.state == core.ABANDONED
+    assert c.flights == {}
+    run.send(events())
+    with pytest.raises(core.Abandoned):
+        run.result()
+
+
+def test_close_finishes_a_waiting_flight(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_waiting(run, f)
+    first, flights = c.close()
+    assert first and flights == [f] and f.stopped
+    assert c.finish(f, None, memolock.Closed("memolock: client closed"))
+    assert not c.finish(f, b"late", None)  # one result only
+    run.send(events())
+    with pytest.raises(memolock.Closed):
+        run.result()
+    with pytest.raises(memolock.Closed):
+        c.join(b"other", None, None, None, core.Flight)
+
+
+def test_end_unwatches(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_waiting(run, f)
+    end = Run(c.end(f))
+    assert end.expect(core.Unwatch).watch == "watch"
+    end.send()
+    end.result()
+
+
+# --- holding -------------------------------------------------------------------
+
+def test_fetch_failure_releases_with_its_first_line(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    run.send(1)
+    run.send(core.Outcome(err=RuntimeError("db down\nstack...")))
+    op = run.expect(core.Script, "release")
+    assert op.args == [f.token, b"t/lock-event:k", b"fail\n" + f.token + b"\ndb down", 0]
+    run.send(1)
+    with pytest.raises(RuntimeError, match="db down"):
+        run.result()
+
+
+def test_fetch_returning_no_bytes_is_its_failure(c):
+    run = Run(c.pursue(flight(c)))
+    run.send(1)
+    run.send(core.Outcome(result=("text", 0)))
+    assert b"not bytes" in run.expect(core.Script, "release").args[2]
+    run.send(1)
+    with pytest.raises(memolock.InvalidArgument):
+        run.result()
+
+
+def test_fetch_not_found_runs_the_script_then_falls_back(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    run.send(1)
+    run.send(core.Outcome(err=memolock.NotFound("no row")))
+    assert run.expect(core.Script, "not_found").args == [f.token, 0, b"t/lock-event:k"]
+    run.throw(redis.exceptions.ConnectionError("down"))
+    assert run.expect(core.Script, "release").args[2] == P.abandon_event(f.token)
+    run.send(0)  # the script may have deleted the lock before it failed
+    op = run.expect(core.Publish)
+    assert (op.channel, op.payload) == (b"t/lock-event:k", P.abandon_event(f.token))
+    run.throw(redis.exceptions.ConnectionError("still down"))
+    with pytest.raises(memolock.NotFound, match="no row"):
+        run.result()
+
+
+def test_store_failure_tells_waiters(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    run.send(1)
+    run.send(core.Outcome(result=(b"v", 0)))
+    run.expect(core.Script, "store")
+    run.throw(redis.exceptions.TimeoutError("slow"))
+    event = run.expect(core.Script, "release").args[2]
+    assert event == b"fail\n" + f.token + b'\nmemolock: redis: storing "t:k": slow'
+    run.send(0)  # the store may have run: abandon makes waiters look
+    assert run.expect(core.Publish).payload == P.abandon_event(f.token)
+    run.send(1)
+    assert run.result() == b"v"  # the callers get the value either way
+
+
+def test_close_during_fetch_hands_over(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    run.send(1)
+    c.close()
+    run.send(core.Outcome(err=RuntimeError("cancelled by close")))
+    assert run.expect(core.Script, "release").args[2] == P.abandon_event(f.token)
+    run.send(1)
+    with pytest.raises(memolock.Closed):
+        run.result()
+
+
+def test_interrupted_fetch_hands_over_and_reraises(c):
+    run = Run(c.pursue(flight(c)))
+    run.send(1)
+    run.send(core.Outcome(err=KeyboardInterrupt()))
+    run.expect(core.Script, "release")
+    run.send(1)
+    with pytest.raises(KeyboardInterrupt):
+        run.result()
+
+
+def test_closed_before_fetch_releases(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    c.close()
+    run.send(1)
+    assert run.expect(core.Script, "release").args[2] == P.abandon_event(f.token)
+    run.send(1)
+    with pytest.raises(memolock.Closed):
+        run.result()
+    assert c.callbacks == 0
+
+
+def test_renewals(c, clock):
+    f = flight(c)
+    run = Run(c.renewals(f, 0.25))
+    assert run.expect(core.Sleep).seconds == 0.25
+    run.send(False)
+    assert run.expect(core.Script, "renew").args == [f.token, 3000, b"t/lock-event:k"]
+    run.throw(redis.exceptions.ConnectionError("blip"))  # a failed renewal: try again later
+    assert run.expect(core.Sleep).seconds == pytest.approx(1.0)
+    run.send(False)
+    run.send(0)  # lost: stop
+    run.result()
+    run = Run(c.renewals(f, 1.0))
+    run.send(True)  # the fetch ended
+    run.result()
+
+
+def test_lease_renew_error(c):
+    run = Run(c.renew(b"k", b"tok", 0))
+    run.throw(redis.exceptions.ConnectionError("gone"))
+    with pytest.raises(memolock.RedisError, match='renewing lock "t/lock:k": gone'):
+        run.result()
+
+
+# --- external mode -------------------------------------------------------------
+
+def test_external_winner_starts_then_waits_on_its_own_lock(c):
+    f = flight(c, fetch=None, start=lambda lease: None)
+    f.fetch = None
+    run = Run(c.pursue(f))
+    run.send(1)
+    assert run.expect(core.Start).flight is f
+    run.send()
+    run.expect(core.Watch)  # no on_wait for our own lock
+    run.send("watch")
+    run.send(events(reread=True))
+    run.expect(core.Script, "acquire")
+    run.send([2500, f.token])  # still ours: keep waiting
+    run.expect(core.Take)
+    run.send(events([(b"t/notif:k", b"made elsewhere")]))
+    op = run.expect(core.Script, "release")
+    assert op.args == [f.token, b"t/lock-event:k", b"", P.LINGER_MS]
+    run.send(1)
+    assert run.result() == b"made elsewhere"
+
+
+def test_external_start_failure_releases(c):
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    run.send(1)
+    run.expect(core.Start)
+    run.throw(OSError("cannot start"))
+    assert run.expect(core.Script, "release").args[2] == b"fail\n" + f.token + b"\ncannot start"
+    run.send(1)
+    with pytest.raises(OSError):
+        run.result()
+
+
+# --- the registry ----------------------------------------------------------
+
+def test_join_coalesces_and_validates(c):
+    f, leader = c.join("k", None, None, None, core.Flight)
+    g, second = c.join(b"k", None, None, 5, core.Flight)
+    assert leader and not second and f is g and f.refs == 2 and c.active == 1
+    assert not c.leave(f)
+    with pytest.raises(memolock.InvalidArgument):
+        c.join("k", None, None, -1, core.Flight)
+    with pytest.raises(memolock.InvalidArgument):
+        c.join(3, None, None, None, core.Flight)
+    h = core.Core("t", 3.0, True, 0)
+    f, _ = h.join("k", None, None, None, core.Flight)
+    assert f.key == P.hash_id(b"k") and f.id == b"k"
+
+
+# --- the waiters' timer jitter (PROTOCOL.md: pttl + 1 ms + U[0, min(pttl/10, 1 s)]) -----
+
+def test_timer_jitter_bounds(c, rand):
+    rand.x = 0.0
+    assert c.timer(2000) == pytest.approx(2.001)
+    rand.x = 0.999
+    assert c.timer(2000) == pytest.approx(2.001 + 0.1998)  # pttl/10
+    assert c.timer(60000) == pytest.approx(60.001 + 0.999)  # at most 1 s
+    assert c.timer(0) == pytest.approx(0.001)
+    assert c.timer(-1) == c.lock_ttl  # no TTL: no renewal moments to avoid
+
+
+def test_default_jitter_spreads_waiters():
+    c = core.Core("t", 3.0, False, 0)
+    delays = [c.timer(2000) - 2.001 for _ in range(200)]
+    assert all(0 <= d <= 0.2 for d in delays)
+    assert max(delays) - min(delays) > 0.05
+
+
+def test_waiter_sleeps_with_jitter(c, rand, clock):
+    rand.x = 0.5
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_waiting(run, f, pttl=2000)
+    run.send(events())
+    assert run.expect(core.Sleep).seconds == pytest.approx(2.101)
+
+
+# --- the takeover rule (PROTOCOL.md; issue 15, defect 1) ------------------------
+
+def until_takeover(c, f, run, reply=1):
+    """A flight that waited on HOLDER with a live subscription looks again
+    and takes the lock: it must first make a marker round trip."""
+    until_waiting(run, f)
+    run.send(events(reread=True, live=True))
+    run.expect(core.Script, "acquire")
+    run.send(reply)
+    assert run.expect(core.Mark).watch == "watch"
+    run.send()
+    run.expect(core.Take)
+
+
+def test_takeover_after_holder_failed_fails_and_releases_with_its_message(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_takeover(c, f, run)
+    run.send(events([(b"t/lock-event:k", b"fail\n" + HOLDER + b"\nbackend down")], reread=True))
+    op = run.expect(core.Script, "release")
+    assert op.args == [f.token, b"t/lock-event:k", b"fail\n" + f.token + b"\nbackend down", 0]
+    run.send(1)
+    with pytest.raises(memolock.HolderFailed) as ei:
+        run.result()
+    assert ei.value.message == "backend down"
+    assert f.state == core.LOOKING and c.callbacks == 0  # no fetch ran
+    end = Run(c.end(f))
+    end.expect(core.Unwatch)
+    end.send()
+    end.result()  # and no second release
+
+
+def test_takeover_waits_for_the_marker(c, clock):
+    # The event arrives in a later take than the first: the round trip is
+    # what the flight waits for, not the first wake-up.
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_takeover(c, f, run)
+    run.send(events([(b"t/lock-event:k", b"abandon\n" + OTHER + b"\n")]))
+    assert run.expect(core.Sleep).seconds <= 1.0  # bounded by the first renewal
+    run.send(True)
+    run.expect(core.Take)
+    run.send(events([(b"t/lock-event:k", b"fail\n" + HOLDER + b"\nlate")]))
+    run.expect(core.Sleep)  # the marker is not back yet
+    run.send(True)
+    run.send(events(reread=True))
+    assert b"\nlate" in run.expect(core.Script, "release").args[2]
+
+
+def test_takeover_after_holder_not_found(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_takeover(c, f, run)
+    run.send(events([(b"t/lock-event:k", b"notfound\n" + HOLDER + b"\n")], reread=True))
+    assert run.expect(core.Script, "release").args[2] == b"notfound\n" + f.token + b"\n"
+    run.send(1)
+    with pytest.raises(memolock.NotFound):
+        run.result()
+
+
+def test_takeover_after_value_published_without_storing(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_takeover(c, f, run)
+    run.send(events([(b"t/notif:k", b"handed out")], reread=True))
+    op = run.expect(core.Script, "release")
+    assert op.args == [f.token, b"t/lock-event:k", P.abandon_event(f.token), 0]
+    run.send(1)
+    assert run.result() == b"handed out"
+
+
+@pytest.mark.parametrize("payload", [
+    b"abandon\n" + HOLDER + b"\n",
+    b"stale\n" + HOLDER + b"\n",
+    b"future-kind\n" + HOLDER + b"\nwhatever",
+    b"fail\n" + OTHER + b"\nsomebody else's",
+    None,
+])
+def test_genuine_takeover_computes(c, clock, payload):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_takeover(c, f, run)
+    clock.now += 0.01
+    run.send(events([(b"t/lock-event:k", payload)] if payload else [], reread=True))
+    run.expect(core.Unwatch)
+    run.send()
+    op = run.expect(core.Fetch)  # the lock is ours: compute
+    assert op.first == pytest.approx(1.0)
+    assert not f.wait.own
+    run.send(core.Outcome(result=(b"computed", 0)))
+    run.expect(core.Script, "store")
+    run.send(1)
+    assert run.result() == b"computed"
+
+
+def test_takeover_of_a_lock_found_ours_counts_its_time(c, clock):
+    # A busy reply naming our own token, 900 ms left: the round trip took
+    # 100 ms, so the first renewal is due within (900 - 100) / 2 ms.
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_takeover(c, f, run, reply=[900, f.token])
+    clock.now += 0.1
+    run.send(events(reread=True))
+    run.send()  # Unwatch
+    assert run.expect(core.Fetch).first == pytest.approx(0.4)
+
+
+def test_takeover_round_trip_that_never_returns_computes(c, clock):
+    # A connection that answers nothing is replaced after seconds; the lock
+    # needs its first renewal after lock TTL/3: compute then.
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_takeover(c, f, run)
+    run.send(events())
+    assert run.expect(core.Sleep).seconds == pytest.approx(1.0)
+    clock.now += 1.0
+    run.send(False)
+    run.send(events())
+    run.expect(core.Unwatch)
+    run.send()
+    run.expect(core.Fetch)
+
+
+def test_takeover_acts_on_what_arrived_before_a_replacement(c):
+    # The connection was replaced during the round trip (the reread comes
+    # from the new connection's marker): a failure that did arrive is true.
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_takeover(c, f, run)
+    run.send(events([(b"t/lock-event:k", b"fail\n" + HOLDER + b"\ngone")], live=False))
+    run.expect(core.Sleep)
+    run.send(True)
+    run.send(events(reread=True))
+    assert run.expect(core.Script, "release").args[2] == b"fail\n" + f.token + b"\ngone"
+
+
+def test_no_round_trip_without_a_live_subscription(c, clock):
+    # The timer fired before the subscription was live: events published
+    # before it took effect may be lost anyway, so the flight computes.
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_waiting(run, f, pttl=5)
+    run.send(events(live=False))
+    clock.now += 0.006
+    run.send(False)  # Sleep
+    run.send(events(live=False))
+    run.expect(core.Script, "acquire")
+    run.send(1)
+    run.expect(core.Unwatch)
+    run.send()
+    run.expect(core.Fetch)
+
+
+def test_no_round_trip_on_a_first_lookup(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    run.send(1)
+    run.expect(core.Fetch)
+
+
+def test_close_during_takeover_hands_the_lock_over(c):
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_takeover(c, f, run)
+    c.close()
+    c.finish(f, None, memolock.Closed("memolock: client closed"))
+    run.send(events())
+    with pytest.raises(memolock.Closed):
+        run.result()
+    end = Run(c.end(f))
+    end.send()  # Unwatch
+    assert end.expect(core.Script, "release").args[2] == P.abandon_event(f.token)
+
+
+def test_external_mode_takeover_fails_without_starting(c):
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    until_takeover(c, f, run)
+    run.send(events([(b"t/lock-event:k", b"fail\n" + HOLDER + b"\nno")], reread=True))
+    run.expect(core.Script, "release")
+    run.send(1)
+    with pytest.raises(memolock.HolderFailed):
+        run.result()
+
+
+def test_takeover_verdict_order():
+    notif = b"t/notif:k"
+    ev = b"t/lock-event:k"
+    assert core.takeover_verdict([], notif, HOLDER) is None
+    assert core.takeover_verdict([(ev, b"abandon\n" + HOLDER + b"\n"), (ev, b"fail\n" + HOLDER + b"\nx")],
+                                 notif, HOLDER) == ("fail", b"x")
+    assert core.takeover_verdict([(notif, b"v"), (ev, b"fail\n" + HOLDER + b"\nx")], notif, HOLDER) == ("value", b"v")
+    assert core.takeover_verdict([(ev, b"garbage")], notif, HOLDER) is None
