@@ -11,6 +11,7 @@ require (
 	github.com/redis/rueidis v1.0.78
 	github.com/redis/rueidis/rueidisaside v1.0.78
 	go.uber.org/goleak v1.3.0
+	golang.org/x/sync v0.18.0
 )
 
 require (
@@ -27,6 +28,5 @@ require (
 	go.opentelemetry.io/otel/metric v1.40.0 // indirect
 	go.opentelemetry.io/otel/trace v1.40.0 // indirect
 	go.uber.org/atomic v1.11.0 // indirect
-	golang.org/x/sync v0.18.0 // indirect
 	golang.org/x/sys v0.47.0 // indirect
 )

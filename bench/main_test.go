@@ -25,6 +25,10 @@ import (
 // "" when there is none (redis-server missing outside CI).
 var redisAddr string
 
+// redisPID is the process id of that redis-server: the cross-process
+// benchmarks read its CPU time.
+var redisPID int
+
 // redisServer is a variable so that the CI=true failure path can be tried:
 // go test -ldflags "-X github.com/memolock/memolock/bench.redisServer=/nonexistent".
 var redisServer = "/usr/bin/redis-server"
@@ -33,6 +37,9 @@ var redisServer = "/usr/bin/redis-server"
 // server someone else runs), runs the tests and benchmarks, stops it, and
 // then checks that no goroutine leaked.
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(childEnv); spec != "" {
+		os.Exit(runChild(spec)) // a process of the cross-process benchmarks
+	}
 	os.Exit(run(m))
 }
 
@@ -92,7 +99,7 @@ func startRedis() (stop func(), err error) {
 			kill() // probably lost the port to someone else: try another
 			continue
 		}
-		redisAddr = addr
+		redisAddr, redisPID = addr, cmd.Process.Pid
 		return kill, nil
 	}
 	return nil, errors.New("redis-server did not start on a free port in 5 attempts")
