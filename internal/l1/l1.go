@@ -18,14 +18,26 @@ import (
 	"time"
 
 	"github.com/maypok86/otter/v2"
+
+	"github.com/memolock/memolock/internal/mono"
 )
 
 // Tracker tells whether the connection that tracks a node receives its
 // invalidations, and the epoch of that state: the same epoch and live
 // before and after a read prove that no invalidation was missed between.
+// Heard returns when (mono time), in that epoch, the connection last
+// proved that it had delivered every invalidation sent until then.
 type Tracker interface {
 	Tracking() (epoch uint64, live bool)
+	Heard(epoch uint64) (at time.Duration, ok bool)
 }
+
+// FreshFor bounds how old a value the cache serves may be: an entry is
+// served only while its tracking connection proved, less than FreshFor
+// ago, that no invalidation is waiting unread (a PONG after them). A
+// process that was frozen, or a connection that went silent, serves
+// nothing from the cache until its connection catches up.
+const FreshFor = time.Second
 
 // A Cache holds values and cached "not found" answers, by id as sent to
 // Redis.
@@ -44,9 +56,12 @@ type Cache struct {
 }
 
 type entry struct {
-	val  []byte
-	ttl  time.Duration
-	kind Kind
+	val     []byte
+	ttl     time.Duration // as asked: negative for no expiry
+	expires time.Duration // mono time; 0: none
+	kind    Kind
+	t       Tracker // the connection whose invalidations keep it
+	epoch   uint64  // of t's tracking when it was read
 }
 
 // Kind tells what an entry holds.
@@ -58,20 +73,14 @@ const (
 	Stale                // a stale copy put back after a failed fetch (StaleTTL)
 )
 
-// forever stands for "no expiry": such an entry lives until it is
-// invalidated or evicted.
-const forever = 100 * 365 * 24 * time.Hour
-
 // New returns a cache of at most size entries for the keys of tag, whose
 // value keys start with valuePrefix and not-found markers with notFoundPrefix.
 func New(size int, valuePrefix, notFoundPrefix string) *Cache {
 	return &Cache{
-		cache: otter.Must(&otter.Options[string, entry]{
-			MaximumSize: size,
-			ExpiryCalculator: otter.ExpiryWritingFunc(func(e otter.Entry[string, entry]) time.Duration {
-				return e.Value.ttl
-			}),
-		}),
+		// Expiry is the cache's own (entry.expires), checked with the
+		// same clock reading as freshness: otter's would read the clock
+		// once more on every hit.
+		cache:   otter.Must(&otter.Options[string, entry]{MaximumSize: size}),
 		prefix:  valuePrefix,
 		neg:     notFoundPrefix,
 		seed:    maphash.MakeSeed(),
@@ -80,10 +89,22 @@ func New(size int, valuePrefix, notFoundPrefix string) *Cache {
 }
 
 // Get returns the entry of id: a value, a stale value, or a cached "not
-// found".
+// found". An entry whose connection has not proved itself fresh within
+// FreshFor is not served (it stays, and serves again once it has).
 func (c *Cache) Get(id string) (val []byte, kind Kind, ok bool) {
 	e, ok := c.cache.GetIfPresent(id)
-	return e.val, e.kind, ok
+	if !ok {
+		return nil, 0, false
+	}
+	now := mono.Now()
+	if e.expires != 0 && now >= e.expires {
+		c.cache.Invalidate(id) // at worst, a newer entry put meanwhile goes too
+		return nil, 0, false
+	}
+	if heard, ok := e.t.Heard(e.epoch); !ok || now-heard > FreshFor {
+		return nil, 0, false
+	}
+	return e.val, e.kind, true
 }
 
 // A Snap is the state of the invalidations of one id before a read from
@@ -141,9 +162,10 @@ func (c *Cache) put(id string, e entry, s Snap) {
 	if e.ttl == 0 || !c.unchanged(id, s) {
 		return
 	}
-	if e.ttl < 0 {
-		e.ttl = forever
+	if e.ttl > 0 {
+		e.expires = mono.Now() + e.ttl
 	}
+	e.t, e.epoch = s.t, s.epoch
 	c.cache.Set(id, e)
 	if !c.unchanged(id, s) {
 		c.cache.Invalidate(id)
@@ -232,11 +254,18 @@ func (c *Cache) arrived(id string) {
 // Close stops the cache's goroutines.
 func (c *Cache) Close() { c.cache.StopAllGoroutines() }
 
-// Entry returns the entry of id and how long it has left (for tests).
+// Entry returns the entry of id, fresh or not, and how long it has left
+// (negative: no expiry), for tests.
 func (c *Cache) Entry(id string) (val []byte, kind Kind, ttl time.Duration, ok bool) {
-	e, ok := c.cache.GetEntry(id)
+	e, ok := c.cache.GetIfPresent(id)
 	if !ok {
 		return nil, 0, 0, false
 	}
-	return e.Value.val, e.Value.kind, e.ExpiresAfter(), true
+	ttl = e.ttl // negative: no expiry
+	if e.expires != 0 {
+		if ttl = e.expires - mono.Now(); ttl <= 0 {
+			return nil, 0, 0, false
+		}
+	}
+	return e.val, e.kind, ttl, true
 }

@@ -3,6 +3,7 @@ package pubsub
 import (
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 )
 
@@ -48,6 +49,7 @@ type command struct {
 type owed struct {
 	command
 	acked int
+	at    time.Time // when it was planned, before it was sent
 }
 
 // pending is a watch waiting for marker seq: to go live, or to be synced.
@@ -96,7 +98,29 @@ type machine struct {
 	heard     bool      // a marker came back since the last batch
 
 	track trackState
+	// fresh is when the tracking connection last proved that it had
+	// delivered every invalidation: the planning time of the last PING
+	// whose PONG came back while tracking was live, with that state's
+	// epoch. nil while tracking is not live. Read without the lock (Fresh).
+	fresh    atomic.Pointer[freshness]
+	freshOut bool      // a PING is out whose PONG refreshes fresh
+	pingDue  time.Time // when the next freshness PING is due
 }
+
+// freshness is the content of machine.fresh.
+type freshness struct {
+	epoch uint64
+	at    time.Duration // mono time
+}
+
+// freshEvery is how often a tracking subscriber whose tracking is live
+// sends a PING, so that the L1 may keep serving: an L1 entry is served
+// only while the PONG of a PING planned less than l1.FreshFor (1 s) ago
+// has come back on the connection of its epoch. A PONG comes after every
+// invalidation that Redis sent before it answered the PING, so that a
+// value the L1 serves is never older than that bound, even when the
+// process was frozen with invalidations unread in its socket.
+const freshEvery = 200 * time.Millisecond
 
 // trackState is whether the current connection is known to receive
 // invalidations. epoch counts the times that stopped being so.
@@ -253,6 +277,7 @@ func (m *machine) plan(now time.Time) (b batch, wakeAt time.Time) {
 		m.probeDue = false
 		b.cmds = append(b.cmds, command{verb: verbPing, args: []string{probePayload}})
 	}
+	wakeAt = m.planFreshness(&b, now, wakeAt)
 	for _, c := range b.cmds {
 		if c.verb == verbSUnsubscribe {
 			// Its answers are counted in any order, and its channels taken
@@ -260,16 +285,40 @@ func (m *machine) plan(now time.Time) (b batch, wakeAt time.Time) {
 			// from the one the owner sends.
 			c.args = slices.Clone(c.args)
 		}
-		m.owed = append(m.owed, owed{command: c})
+		m.owed = append(m.owed, owed{command: c, at: now})
 	}
 	return b, wakeAt
+}
+
+// planFreshness adds a PING to b when tracking is live and none went out
+// for freshEvery, and returns when the owner must plan again for the next
+// (wakeAt, or earlier).
+func (m *machine) planFreshness(b *batch, now, wakeAt time.Time) time.Time {
+	if m.tracker == nil || !m.track.live {
+		return wakeAt
+	}
+	pinged := slices.ContainsFunc(b.cmds, func(c command) bool { return c.verb == verbPing })
+	if !pinged && !m.freshOut {
+		if now.Before(m.pingDue) {
+			if wakeAt.IsZero() || m.pingDue.Before(wakeAt) {
+				wakeAt = m.pingDue
+			}
+			return wakeAt
+		}
+		b.cmds = append(b.cmds, command{verb: verbPing, args: []string{probePayload}})
+		pinged = true
+	}
+	if pinged {
+		m.freshOut, m.pingDue = true, now.Add(freshEvery)
+	}
+	return wakeAt
 }
 
 // restart starts again on a new connection: every channel is to be
 // subscribed again, and every watch waits for a new marker.
 func (m *machine) restart() {
 	m.gen++
-	m.broken, m.probeDue, m.probing = false, false, false
+	m.broken, m.probeDue, m.probing, m.freshOut = false, false, false, false
 	clear(m.sent)
 	m.owed, m.marked, m.syncs, m.syncAsked, m.pongSeq = nil, nil, nil, nil, 0
 	for ch := range m.byChan {

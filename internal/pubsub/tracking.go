@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
@@ -127,6 +128,17 @@ func (s *Subscriber) Tracking() (epoch uint64, live bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.m.track.epoch, s.m.track.live
+}
+
+// Heard returns when (mono time) the connection last proved, by a PONG,
+// that it had delivered every invalidation Redis sent until then, if it
+// has been tracking since epoch (a Tracking result). It takes no lock.
+func (s *Subscriber) Heard(epoch uint64) (at time.Duration, ok bool) {
+	f := s.m.fresh.Load()
+	if f == nil || f.epoch != epoch {
+		return 0, false
+	}
+	return f.at, true
 }
 
 // WaitTracking waits until tracking is live. It returns an error if Redis
