@@ -177,9 +177,19 @@ func (m *machine) unwatch(w *Watch, now time.Time, fx *effects) {
 // detach stops serving w; its channels nobody else watches are to be
 // unsubscribed after unsubscribeDelay. The owner is woken when this
 // starts the delay; the ends that come meanwhile join it.
+//
+// On a sharded connection, Redis takes one SUNSUBSCRIBE per slot, so
+// that unsubscribing channels as their waits end costs about one command
+// per id; but one SUNSUBSCRIBE without channels drops them all once the
+// connection has no wait left. So a shard channel nobody watches lingers,
+// subscribed and unheeded, until the last wait of the connection ends
+// (then, after unsubscribeDelay, one command drops them all), or for
+// shardLinger at most, when they go slot by slot: a mass expiry, whose
+// waits all end within moments, costs one command per connection.
 func (m *machine) detach(w *Watch, now time.Time, fx *effects) {
 	w.state = watchState{}
 	delete(m.attached, w)
+	lingering := false
 	for _, ch := range w.channels {
 		ws := m.byChan[ch]
 		delete(ws, w)
@@ -190,12 +200,39 @@ func (m *machine) detach(w *Watch, now time.Time, fx *effects) {
 		delete(m.solo, ch)
 		if _, ok := m.sent[ch]; ok {
 			m.dirty[ch] = struct{}{}
-			if m.unsubDue.IsZero() {
-				m.unsubDue = now.Add(unsubscribeDelay)
-				fx.wake = true
+			lingering = lingering || m.verb(ch, false) == verbSUnsubscribe
+			delay := unsubscribeDelay
+			if lingering {
+				delay = shardLinger
 			}
+			m.unsubBy(now.Add(delay), fx)
 		}
 	}
+	if lingering && !m.wantsShardChannels() {
+		m.unsubBy(now.Add(unsubscribeDelay), fx) // the last wait ended
+	}
+}
+
+// shardLinger is how long a shard channel nobody watches may stay
+// subscribed while other waits of its connection go on (see detach).
+const shardLinger = time.Second
+
+// unsubBy makes the unsubscriptions due by t at the latest, and wakes the
+// owner if that moves them earlier.
+func (m *machine) unsubBy(t time.Time, fx *effects) {
+	if m.unsubDue.IsZero() || t.Before(m.unsubDue) {
+		m.unsubDue = t
+		fx.wake = true
+	}
+}
+
+// wantsShardChannels reports whether a watch wants a shard channel.
+func (m *machine) wantsShardChannels() bool {
+	n := len(m.byChan)
+	if _, ok := m.byChan[invalidationChannel]; ok {
+		n--
+	}
+	return m.sharded && n > 0
 }
 
 // sync asks for a marker round trip for w (see Watch.Sync).

@@ -59,7 +59,7 @@ var tableSteps = []struct {
 	{"unsubscribing", func(sc *tableScene) {
 		sc.r.settle()
 		sc.r.do(func(fx *effects) { sc.r.m.unwatch(sc.b, sc.r.now, fx) })
-		sc.r.now = sc.r.now.Add(unsubscribeDelay)
+		sc.r.now = sc.r.now.Add(sc.r.unsubWait())
 		sc.r.plan()
 	}},
 	{"probing", func(sc *tableScene) {

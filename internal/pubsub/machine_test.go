@@ -127,7 +127,7 @@ func TestMachineShardedGroupsBySlotAndKeepsInvalidationsPlain(t *testing.T) {
 // A burst of sharded waits in many slots that all end (a mass expiry) is
 // unsubscribed with one SUNSUBSCRIBE without channels, whose
 // acknowledgements come in Redis's order; while one wait stays, the ended
-// ones go slot by slot.
+// ones linger, then go slot by slot after shardLinger.
 func TestMachineShardedBurstEndsWithOneUnsubscribe(t *testing.T) {
 	r := newRig(t, true)
 	var ws []*Watch
@@ -139,6 +139,10 @@ func TestMachineShardedBurstEndsWithOneUnsubscribe(t *testing.T) {
 		r.do(func(fx *effects) { r.m.unwatch(w, r.now, fx) })
 	}
 	r.now = r.now.Add(unsubscribeDelay)
+	if b := r.plan(); len(b.cmds) != 0 {
+		t.Fatalf("10 ended waits in 10 slots, 40 left: sent %q at once, want them to linger", r.wired())
+	}
+	r.now = r.now.Add(shardLinger)
 	r.plan()
 	got := r.wired()
 	var want []string
@@ -363,4 +367,36 @@ func TestMachineUnsubscribeDelayIsNotLeftOverByAWatchThatCameBack(t *testing.T) 
 	if _, ok := r.m.sent["b"]; ok {
 		t.Fatal("b is still subscribed")
 	}
+}
+
+// Waits in many slots that end one after another, within shardLinger of
+// the first (the callers a mass expiry wakes), cost one SUNSUBSCRIBE
+// without channels in all: the ended ones linger until the last ends.
+func TestMachineShardedWaitsEndingInTurnLingerIntoOneUnsubscribe(t *testing.T) {
+	r := newRig(t, true)
+	var ws []*Watch
+	for i := range 50 {
+		ws = append(ws, r.watch("{"+itoa(i)+"}n"))
+	}
+	r.settle()
+	var sent []string
+	for _, w := range ws {
+		r.do(func(fx *effects) { r.m.unwatch(w, r.now, fx) })
+		r.now = r.now.Add(10 * time.Millisecond)
+		if r.woken || (!r.timer.IsZero() && !r.now.Before(r.timer)) {
+			r.plan()
+			sent = append(sent, r.wired()...)
+			for r.serveOne() {
+			}
+		}
+	}
+	r.now = r.now.Add(unsubscribeDelay)
+	r.plan()
+	sent = append(sent, r.wired()...)
+	for r.serveOne() {
+	}
+	if !slices.Equal(sent, []string{"sunsubscribe (all)"}) {
+		t.Fatalf("50 waits ended 10 ms apart: sent %q, want one SUNSUBSCRIBE without channels", sent)
+	}
+	r.check()
 }

@@ -47,7 +47,7 @@ func TestMachineUnsubscribeAllOwesNoChannelRedisDropped(t *testing.T) {
 			// another client, a caller's deadline.
 			r.do(func(fx *effects) { r.m.unwatch(a, r.now, fx) })
 			r.do(func(fx *effects) { r.m.unwatch(b, r.now, fx) })
-			r.now = r.now.Add(unsubscribeDelay)
+			r.now = r.now.Add(r.unsubWait())
 			r.plan()
 			if got := r.wired(); len(got) != 1 || got[0] != "sunsubscribe (all)" {
 				t.Fatalf("sent %q; want one SUNSUBSCRIBE without channels (the case under test)", got)

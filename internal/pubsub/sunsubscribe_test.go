@@ -64,7 +64,7 @@ func TestMachineUnsubscribeAllWhenRedisDroppedEveryChannel(t *testing.T) {
 			r.plan() // ssubscribe {a}n, ssubscribe {b}n, the marker
 			r.do(func(fx *effects) { r.m.unwatch(a, r.now, fx) })
 			r.do(func(fx *effects) { r.m.unwatch(b, r.now, fx) })
-			r.now = r.now.Add(unsubscribeDelay)
+			r.now = r.now.Add(r.unsubWait())
 			r.plan()
 			if got := r.wired(); !slices.Equal(got, []string{"sunsubscribe (all)"}) {
 				t.Fatalf("sent %q; want one SUNSUBSCRIBE without channels (the case under test)", got)
@@ -115,7 +115,7 @@ func TestMachineNamedUnsubscribeOfAMigratedSlot(t *testing.T) {
 			for _, w := range gone {
 				r.do(func(fx *effects) { r.m.unwatch(w, r.now, fx) })
 			}
-			r.now = r.now.Add(unsubscribeDelay)
+			r.now = r.now.Add(r.unsubWait())
 			r.plan()
 			named := 0
 			for _, c := range r.batch.cmds {
@@ -169,7 +169,7 @@ func TestMachineMovedAfterANamedUnsubscribeIsTheNextCommands(t *testing.T) {
 	k, a := r.watch("{k}n"), r.watch("{a}n")
 	r.settle()
 	r.do(func(fx *effects) { r.m.unwatch(a, r.now, fx) })
-	r.now = r.now.Add(unsubscribeDelay)
+	r.now = r.now.Add(r.unsubWait())
 	r.plan()
 	if got := r.wired(); len(got) == 0 || got[0] != "sunsubscribe {a}n" {
 		t.Fatalf("sent %q; want a SUNSUBSCRIBE of {a}n first (the case under test)", got)
@@ -203,7 +203,7 @@ func TestMachineRefusedPingAfterANamedUnsubscribe(t *testing.T) {
 	k, a := r.watch("{k}n"), r.watch("{a}n")
 	r.settle()
 	r.do(func(fx *effects) { r.m.unwatch(a, r.now, fx) })
-	r.now = r.now.Add(unsubscribeDelay)
+	r.now = r.now.Add(r.unsubWait())
 	r.plan()
 	if got := r.wired(); !slices.Equal(got, []string{"sunsubscribe {a}n", "ping " + probePayload}) {
 		t.Fatalf("sent %q; want a SUNSUBSCRIBE of {a}n, then a PING (the case under test)", got)
@@ -255,7 +255,7 @@ func TestMachineNamedUnsubscribeOfAWaitNotYetSubscribed(t *testing.T) {
 			a := r.watch("{a}n")
 			r.plan() // ssubscribe {a}n, marker 2
 			r.do(func(fx *effects) { r.m.unwatch(a, r.now, fx) })
-			r.now = r.now.Add(unsubscribeDelay)
+			r.now = r.now.Add(r.unsubWait())
 			r.plan() // sunsubscribe {a}n, a PING
 			c := r.watch("{c}n")
 			r.plan() // ssubscribe {c}n, marker 3
