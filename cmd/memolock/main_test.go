@@ -62,8 +62,11 @@ func memolockCmd(t *testing.T, env []string, args ...string) invocation {
 	return inv
 }
 
+// Without protection every caller computes, if every GET comes before the
+// first SET, which is --fetch after they start: 2 s, so that it holds on a
+// loaded machine too (with 100 ms, 36 of 200 GETs came after it once).
 func TestDemo_EmbeddedComputesOnce(t *testing.T) {
-	inv := memolockCmd(t, nil, "demo", "--clients", "4", "--goroutines", "50", "--fetch", "100ms")
+	inv := memolockCmd(t, nil, "demo", "--clients", "4", "--goroutines", "50", "--fetch", "2s")
 	if inv.code != 0 {
 		t.Fatalf("exit %d: %s", inv.code, inv.stderr)
 	}
