@@ -474,3 +474,19 @@ func TestL1_LookupReplyBringsTheTTL(t *testing.T) {
 		t.Errorf("L1 entry: present %v, %v left; want about a minute", ok, left)
 	}
 }
+
+// A user who may not PING (supported: TestGet_RefusedMarkerPingStillMarks)
+// keeps a working L1: a refused PING comes back in order as a PONG does,
+// and renews the L1's freshness (found by a review: the L1 served nothing).
+func TestL1_ServesWhenPingIsRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	c := aclClientTweaked(t, srv, "np", &Options{L1Size: 1000}, nil, "~*", "&*", "-ping")
+	eventually(t, 5*time.Second, "tracking to be live", func() bool { return c.e.L1Live() })
+	var calls atomic.Int64
+	fetch := constFetch(&calls, "v", 0)
+	served(t, c, "k", fetch)
+	eventually(t, 5*time.Second, "the value to reach the L1", func() bool {
+		_, s := served(t, c, "k", fetch)
+		return s == ServedL1
+	})
+}

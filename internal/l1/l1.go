@@ -12,6 +12,7 @@ package l1
 
 import (
 	"hash/maphash"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -162,9 +163,9 @@ func (c *Cache) put(id string, e entry, s Snap) {
 	if e.ttl == 0 || !c.unchanged(id, s) {
 		return
 	}
-	if e.ttl > 0 {
-		e.expires = mono.Now() + e.ttl
-	}
+	if now := mono.Now(); e.ttl > 0 && e.ttl < math.MaxInt64-now {
+		e.expires = now + e.ttl
+	} // else none: a PTTL of centuries (wire.MaxPTTL) must not wrap
 	e.t, e.epoch = s.t, s.epoch
 	c.cache.Set(id, e)
 	if !c.unchanged(id, s) {

@@ -82,6 +82,7 @@ type machine struct {
 	attached map[*Watch]struct{}
 	byChan   map[string]map[*Watch]struct{} // what must be subscribed
 	dirty    map[string]struct{}            // channels whose watches changed
+	unwanted map[string]struct{}            // subscribed, nobody watches: unsubscribed at unsubDue
 	sent     map[string]struct{}            // subscribed on the current connection
 	solo     map[string]struct{}            // to subscribe one per command: a batch was refused
 	unsubDue time.Time                      // when unwanted channels are unsubscribed
@@ -136,6 +137,7 @@ func newMachine(sharded bool) *machine {
 		attached: make(map[*Watch]struct{}),
 		byChan:   make(map[string]map[*Watch]struct{}),
 		dirty:    make(map[string]struct{}),
+		unwanted: make(map[string]struct{}),
 		sent:     make(map[string]struct{}),
 		solo:     make(map[string]struct{}),
 		nextSeq:  1,
@@ -199,7 +201,7 @@ func (m *machine) detach(w *Watch, now time.Time, fx *effects) {
 		delete(m.byChan, ch)
 		delete(m.solo, ch)
 		if _, ok := m.sent[ch]; ok {
-			m.dirty[ch] = struct{}{}
+			m.unwanted[ch] = struct{}{}
 			lingering = lingering || m.verb(ch, false) == verbSUnsubscribe
 			delay := unsubscribeDelay
 			if lingering {
@@ -284,6 +286,7 @@ func (m *machine) close(fx *effects) {
 	clear(m.attached)
 	clear(m.byChan)
 	clear(m.dirty)
+	clear(m.unwanted)
 	m.unmarked, m.marked, m.syncAsked, m.syncs, m.owed = nil, nil, nil, nil, nil
 	m.endTracking(fx)
 }
@@ -357,6 +360,7 @@ func (m *machine) restart() {
 	m.gen++
 	m.broken, m.probeDue, m.probing, m.freshOut = false, false, false, false
 	clear(m.sent)
+	clear(m.unwanted)
 	m.owed, m.marked, m.syncs, m.syncAsked, m.pongSeq = nil, nil, nil, nil, 0
 	for ch := range m.byChan {
 		m.dirty[ch] = struct{}{}
@@ -370,9 +374,9 @@ func (m *machine) restart() {
 
 // diff returns the channels to subscribe (in a batch, or one by one) and
 // to unsubscribe now, and records them as sent. Unsubscriptions wait
-// until unsubDue, returned as wakeAt while they do.
+// until unsubDue, returned as wakeAt while they do; the channels that wait
+// are kept apart (unwanted), so that planning meanwhile does not walk them.
 func (m *machine) diff(now time.Time) (subs, solo, unsubs []string, wakeAt time.Time) {
-	unsubNow := !now.Before(m.unsubDue)
 	for ch := range m.dirty {
 		_, want := m.byChan[ch]
 		_, have := m.sent[ch]
@@ -384,17 +388,26 @@ func (m *machine) diff(now time.Time) (subs, solo, unsubs []string, wakeAt time.
 		case want && !have:
 			subs = append(subs, ch)
 			m.sent[ch] = struct{}{}
-		case !want && have && !unsubNow:
-			wakeAt = m.unsubDue
-			continue // stays dirty
 		case !want && have:
-			unsubs = append(unsubs, ch)
-			delete(m.sent, ch)
+			m.unwanted[ch] = struct{}{}
 		}
 		delete(m.dirty, ch)
 	}
-	if unsubNow || wakeAt.IsZero() {
+	switch {
+	case len(m.unwanted) == 0:
 		m.unsubDue = time.Time{} // nothing waits: the next end starts a delay of its own
+	case now.Before(m.unsubDue):
+		wakeAt = m.unsubDue
+	default:
+		for ch := range m.unwanted {
+			_, want := m.byChan[ch]
+			if _, have := m.sent[ch]; have && !want {
+				unsubs = append(unsubs, ch)
+				delete(m.sent, ch)
+			}
+		}
+		clear(m.unwanted)
+		m.unsubDue = time.Time{}
 	}
 	slices.Sort(solo)
 	return subs, solo, unsubs, wakeAt

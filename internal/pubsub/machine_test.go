@@ -271,8 +271,8 @@ func TestMachineShardedMovedAndMigratedSlots(t *testing.T) {
 	}
 	r.settle()
 	r.check()
-	if len(r.m.sent) != 0 || len(r.m.dirty) != 0 {
-		t.Fatalf("left behind: sent %v, dirty %v", r.m.sent, r.m.dirty)
+	if len(r.m.sent) != 0 || len(r.m.dirty) != 0 || len(r.m.unwanted) != 0 {
+		t.Fatalf("left behind: sent %v, dirty %v, unwanted %v", r.m.sent, r.m.dirty, r.m.unwanted)
 	}
 }
 

@@ -27,11 +27,13 @@ func (m *machine) refused(err error, now time.Time, fx *effects) {
 		m.fail(now, fmt.Errorf("%w: %w", errUnasked, err), fx)
 		return
 	}
-	c := m.owed[0].command
+	c, at := m.owed[0].command, m.owed[0].at
 	m.owed = m.owed[1:]
 	switch {
 	case c.verb == verbPing:
+		// A refused PING answers in order, as a PONG does.
 		m.markerBack(c.args[0], fx)
+		m.pongBack(at, fx)
 	case c.verb == verbSSubscribe && isMoved(err):
 		m.moveChannels(c.args, now, fx)
 	case isTransient(err):

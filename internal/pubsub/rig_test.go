@@ -194,8 +194,8 @@ func (r *rig) check() {
 		}
 		// A shard channel may linger (see detach), if its unsubscription
 		// is due and the owner's timer will wake it for that.
-		_, dirty := m.dirty[ch]
-		lingers := m.verb(ch, false) == verbSUnsubscribe && dirty && !m.unsubDue.IsZero() &&
+		_, unwanted := m.unwanted[ch]
+		lingers := m.verb(ch, false) == verbSUnsubscribe && unwanted && !m.unsubDue.IsZero() &&
 			!r.timer.IsZero() && !r.timer.After(m.unsubDue)
 		if !lingers {
 			r.t.Fatalf("channel %s subscribed, not wanted", ch)

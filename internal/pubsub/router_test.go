@@ -76,7 +76,7 @@ func (r *Router) footprint() int {
 		s := nd.sub
 		s.mu.Lock()
 		m := s.m
-		n += len(m.attached) + len(m.byChan) + len(m.dirty) + len(m.sent) + len(m.solo)
+		n += len(m.attached) + len(m.byChan) + len(m.dirty) + len(m.unwanted) + len(m.sent) + len(m.solo)
 		n += len(m.unmarked) + len(m.marked) + len(m.syncs) + len(m.syncAsked) + len(m.owed)
 		s.mu.Unlock()
 	}

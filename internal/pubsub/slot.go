@@ -163,6 +163,7 @@ func (m *machine) unsubscribed(ch string) bool {
 // acknowledged for it.
 func (m *machine) dropped(ch string) {
 	delete(m.sent, ch)
+	delete(m.unwanted, ch)
 	for i := range m.owed {
 		o := &m.owed[i]
 		if !o.all {
