@@ -96,7 +96,7 @@ func (c *Client) GetMany(ctx context.Context, ids []string, fetch FetchIDFunc, o
 		return items, nil
 	}
 	index := make(map[string]int, len(ids)) // id: its place in distinct
-	var distinct []engine.Item
+	distinct := make([]engine.Item, 0, len(ids))
 	for _, id := range ids {
 		if _, ok := index[id]; !ok {
 			index[id] = len(distinct)

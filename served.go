@@ -59,7 +59,7 @@ func (c *Client) GetResult(ctx context.Context, id string, fetch FetchFunc) (Res
 	}
 	val, served, ok, err := c.cached(ctx, id)
 	if !ok {
-		val, served, err = c.get(ctx, id, adaptFetch(fetch), nil)
+		val, served, err = c.get(ctx, id, userFetch(fetch), nil)
 	}
 	switch {
 	case errors.Is(err, ErrNotFound):

@@ -35,7 +35,7 @@ func (ms *misses) startMembers(places []int) {
 func (e *Engine) startMember(ctx context.Context, it Item, col *collector) (*flight, error) {
 	m := &member{col: col, id: it.ID, run: make(chan []*member, 1), answer: make(chan BatchValue, 1)}
 	cl := callSpan{ctx: ctx}
-	return e.join(&cl, &flightSpec{id: it.ID, key: it.Key, kind: forMember, fetch: m.fetch, member: m})
+	return e.join(&cl, &flightSpec{id: it.ID, key: it.Key, kind: forMember, fetch: FetchFunc(m.fetch), member: m})
 }
 
 // A collector gathers the fetches of the flights that one GetMany call

@@ -15,6 +15,27 @@ import (
 // when the value is computed without a lock (fail-open).
 type FetchFunc func(ctx context.Context, lease *wire.Lease) (value []byte, ttl time.Duration, err error)
 
+// Fetch calls f.
+func (f FetchFunc) Fetch(ctx context.Context, lease *wire.Lease) ([]byte, time.Duration, error) {
+	return f(ctx, lease)
+}
+
+// A Fetcher computes a value: a FetchFunc, or a function type of the
+// caller's with a Fetch method, which converts to a Fetcher without
+// allocating (a func value is one pointer), where a closure adapting it
+// would allocate on every call, flight or not.
+type Fetcher interface {
+	Fetch(ctx context.Context, lease *wire.Lease) (value []byte, ttl time.Duration, err error)
+}
+
+// fetcherOf is f as a Fetcher: nil for nil.
+func fetcherOf(f FetchFunc) Fetcher {
+	if f == nil {
+		return nil
+	}
+	return f
+}
+
 // StartFunc starts work that another program finishes (GetExternal).
 type StartFunc func(ctx context.Context, lease *wire.Lease) error
 

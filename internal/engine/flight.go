@@ -22,7 +22,7 @@ type flight struct {
 	key   string     // as sent to Redis (hashed with HashIDs, placed with HashTags)
 	token string     // the lock token of every attempt this flight makes
 	kind  flightKind // what the flight is for
-	fetch FetchFunc
+	fetch Fetcher
 	start StartFunc  // external-producer mode when set
 	span  trace.Span // the leader's Get span; nil when not traced
 	// claim is the span token names, when the leader's Get is traced:

@@ -12,7 +12,7 @@ import (
 // Get returns the value of id, whose key (as sent to Redis) is key: from the
 // L1, or through the flight for key, which it joins or starts. Exactly one
 // of fetch and start is set. ctx is not nil and not done.
-func (e *Engine) Get(ctx context.Context, id, key string, fetch FetchFunc, start StartFunc) ([]byte, Served, error) {
+func (e *Engine) Get(ctx context.Context, id, key string, fetch Fetcher, start StartFunc) ([]byte, Served, error) {
 	if a, ok := e.fromL1(id, key); ok {
 		e.stats.answered(a.served, a.err)
 		return a.val, a.served, a.err
@@ -31,11 +31,21 @@ func (e *Engine) Get(ctx context.Context, id, key string, fetch FetchFunc, start
 
 // Cached answers a Get from the L1, if it holds key, and counts the answer.
 func (e *Engine) Cached(id, key string) ([]byte, Served, bool, error) {
-	a, ok := e.fromL1(id, key)
-	if ok {
-		e.stats.answered(a.served, a.err)
+	if e.l1 == nil || e.closing.Load() {
+		return nil, 0, false, nil
 	}
-	return a.val, a.served, ok, a.err
+	// A value, the common hit, is served and counted without more ado.
+	v, kind, ok := e.l1.Get(key)
+	switch {
+	case !ok:
+		return nil, 0, false, nil
+	case kind == l1.Value:
+		e.stats.answers[ServedL1][gotValue].Add(1)
+		return v, ServedL1, true, nil
+	}
+	a := e.l1Answer(id, v, kind)
+	e.stats.answered(a.served, a.err)
+	return a.val, a.served, true, a.err
 }
 
 // fromL1 answers from the L1, if it holds key. The caller counts the answer.
@@ -44,23 +54,29 @@ func (e *Engine) fromL1(id, key string) (answer, bool) {
 		return answer{}, false
 	}
 	v, kind, ok := e.l1.Get(key)
-	switch {
-	case !ok:
+	if !ok {
 		return answer{}, false
-	case kind == l1.NotFound:
-		return answer{served: ServedL1, err: e.notFoundErr(id)}, true
-	case kind == l1.Stale:
-		e.stats.servedStale.Add(1)
-		return answer{val: v, served: ServedStale}, true
 	}
-	return answer{val: v, served: ServedL1}, true
+	return e.l1Answer(id, v, kind), true
+}
+
+// l1Answer is the answer of an L1 entry of id.
+func (e *Engine) l1Answer(id string, v []byte, kind l1.Kind) answer {
+	switch kind {
+	case l1.NotFound:
+		return answer{served: ServedL1, err: e.notFoundErr(id)}
+	case l1.Stale:
+		e.stats.servedStale.Add(1)
+		return answer{val: v, served: ServedStale}
+	}
+	return answer{val: v, served: ServedL1}
 }
 
 // flightSpec is what join makes a flight of, if it makes one.
 type flightSpec struct {
 	id, key string
 	kind    flightKind
-	fetch   FetchFunc
+	fetch   Fetcher
 	start   StartFunc
 	member  batchPart
 }

@@ -53,7 +53,7 @@ func (e *Engine) runFetch(f *flight, lease *wire.Lease, pttl time.Duration) (fet
 	t0 := time.Now()
 	fctx, span := e.fetchSpan(fctx, f)
 	results := invoke(&e.callbacks, "fetch", []*flight{f}, func() (fetched, error) {
-		v, ttl, err := f.fetch(fctx, lease)
+		v, ttl, err := f.fetch.Fetch(fctx, lease)
 		return fetched{v, ttl}, err
 	})
 	stopRenewing := func() {}

@@ -87,7 +87,7 @@ func (e *Engine) refuseReentry(items []Item) {
 // Everything runs on the caller's goroutine but the reads themselves, and
 // the search for each id's node, which may wait on go-redis.
 func (e *Engine) readHits(ctx context.Context, items []Item, onMissing func([]int)) {
-	var wanted []int
+	wanted := make([]int, 0, len(items))
 	for i := range items {
 		it := &items[i]
 		if it.Err != nil {
@@ -102,7 +102,14 @@ func (e *Engine) readHits(ctx context.Context, items []Item, onMissing func([]in
 	if len(wanted) == 0 {
 		return
 	}
-	reads := make(chan nodeRead, len(wanted)+1)
+	if ctx.Done() == nil && e.single != nil {
+		e.readInline(ctx, items, wanted, onMissing)
+		return
+	}
+	// One answer per node, handed over as it comes: stop releases the
+	// senders left when ctx ends first.
+	reads, stop := make(chan nodeRead), make(chan struct{})
+	defer close(stop)
 	if !e.flights.admit(&e.work) {
 		for _, i := range wanted {
 			items[i].Err = ErrClosed
@@ -111,14 +118,17 @@ func (e *Engine) readHits(ctx context.Context, items []Item, onMissing func([]in
 	}
 	go func() {
 		defer e.work.done()
-		e.readNodes(ctx, items, wanted, reads)
+		e.readNodes(ctx, items, wanted, nodeReads{reads, stop})
 	}()
-	read := make(map[int]bool, len(wanted)) // places whose node answered
-	for len(read) < len(wanted) {
+	read := make([]bool, len(items)) // places whose node answered
+	for answered := 0; answered < len(wanted); {
 		select {
 		case r := <-reads:
 			for _, i := range r.places {
-				read[i] = true
+				if !read[i] {
+					read[i] = true
+					answered++
+				}
 			}
 			if missing := e.takeRead(items, r); len(missing) > 0 {
 				onMissing(missing)
@@ -130,10 +140,30 @@ func (e *Engine) readHits(ctx context.Context, items []Item, onMissing func([]in
 	}
 }
 
+// readInline is readHits on one node for a caller without a deadline or
+// cancellation, who has nothing to leave early for: the read runs on the
+// caller's goroutine, which spares two goroutine hand-overs.
+func (e *Engine) readInline(ctx context.Context, items []Item, wanted []int, onMissing func([]int)) {
+	if !e.flights.admit(&e.work) {
+		for _, i := range wanted {
+			items[i].Err = ErrClosed
+		}
+		return
+	}
+	defer e.work.done()
+	r := nodeRead{places: wanted, missing: true}
+	if n, err := e.nodes.check(ctx, items[wanted[0]].Key); err == nil {
+		r = e.readNode(ctx, n, items, wanted)
+	}
+	if missing := e.takeRead(items, r); len(missing) > 0 {
+		onMissing(missing)
+	}
+}
+
 // readNodes groups the wanted items by the node that owns them, reads each
 // node's on a goroutine of its own, and sends every node's read to reads.
 // Items whose node is down or cannot be found are sent as missing.
-func (e *Engine) readNodes(ctx context.Context, items []Item, wanted []int, reads chan<- nodeRead) {
+func (e *Engine) readNodes(ctx context.Context, items []Item, wanted []int, reads nodeReads) {
 	byNode := map[*node][]int{}
 	var lost []int
 	for _, i := range wanted {
@@ -145,17 +175,31 @@ func (e *Engine) readNodes(ctx context.Context, items []Item, wanted []int, read
 		byNode[n] = append(byNode[n], i)
 	}
 	if len(lost) > 0 {
-		reads <- nodeRead{places: lost, missing: true}
+		reads.send(nodeRead{places: lost, missing: true})
 	}
 	for n, places := range byNode {
 		if !e.flights.admit(&e.work) {
-			reads <- nodeRead{places: places, err: ErrClosed}
+			reads.send(nodeRead{places: places, err: ErrClosed})
 			continue
 		}
 		go func() {
 			defer e.work.done()
-			reads <- e.readNode(ctx, n, items, places)
+			reads.send(e.readNode(ctx, n, items, places))
 		}()
+	}
+}
+
+// nodeReads carries the nodes' answers to readHits, until it stops
+// listening.
+type nodeReads struct {
+	c    chan<- nodeRead
+	stop <-chan struct{}
+}
+
+func (r nodeReads) send(nr nodeRead) {
+	select {
+	case r.c <- nr:
+	case <-r.stop:
 	}
 }
 
@@ -172,7 +216,7 @@ type nodeRead struct {
 
 // timedOut fails with ctx's error every wanted item whose node has not
 // answered (the others are answered, or pursued).
-func (e *Engine) timedOut(ctx context.Context, items []Item, wanted []int, read map[int]bool) {
+func (e *Engine) timedOut(ctx context.Context, items []Item, wanted []int, read []bool) {
 	err := fmt.Errorf("%w: %w", ErrTimeout, ctx.Err())
 	for _, i := range wanted {
 		if !read[i] {
@@ -391,7 +435,7 @@ func (ms *misses) work() {
 	defer ms.workers.Done()
 	for i := range ms.places {
 		it := &ms.items[i]
-		it.Value, it.Served, it.Err = ms.e.Get(ms.ctx, it.ID, it.Key, ms.fetchID(it.ID), nil)
+		it.Value, it.Served, it.Err = ms.e.Get(ms.ctx, it.ID, it.Key, fetcherOf(ms.fetchID(it.ID)), nil)
 		if it.Err != nil && !errors.Is(it.Err, ErrNotFound) {
 			it.Value, it.Served = nil, 0
 		}
