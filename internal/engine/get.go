@@ -163,9 +163,9 @@ func (e *Engine) launch(f *flight, ctx context.Context) {
 	}
 	a := e.first(ctx, f)
 	if a.hit() {
-		p := &pursuit{e: e, f: f, ctx: ctx}
+		p := pursuit{e: e, f: f, ctx: ctx}
 		val, err := p.found(a.r)
-		if later := e.conclude(p, val, err); later != nil {
+		if later := e.conclude(&p, val, err); later != nil {
 			go func() {
 				defer e.work.done()
 				later()
@@ -176,7 +176,8 @@ func (e *Engine) launch(f *flight, ctx context.Context) {
 		return
 	}
 	e.flights.launch(f, ctx)
-	go e.run(f, &a)
+	later := a // a, on the hit path, stays on the stack
+	go e.run(f, &later)
 }
 
 // run is a flight's goroutine: it pursues the value from the first
@@ -258,7 +259,8 @@ func (e *Engine) conclude(p *pursuit, val []byte, err error) func() {
 	}
 	switch {
 	case p.refresh:
-		return func() { e.refresh(f, p.ctx) }
+		ctx := p.ctx // not p, which a first lookup made inline keeps on its stack
+		return func() { e.refresh(f, ctx) }
 	case e.l1 == nil || n < 0:
 	case p.served == ServedStale && p.resurrected && err == nil:
 		// A stale copy put back after a failed fetch, read from Redis:
