@@ -814,3 +814,25 @@ func TestClose_WhileThousandsOfGetsAreInFlight(t *testing.T) {
 		t.Error("Close released a lock it did not hold")
 	}
 }
+
+// A "not found" answer names its id however it was served: computed here,
+// as read from Redis or the L1 (found walking the newcomer's path: only
+// the computed one did not). An error of fetch's own that wraps
+// ErrNotFound is passed on as it is.
+func TestGet_ComputedNotFoundNamesTheID(t *testing.T) {
+	b := miniBackend(t)
+	c := newTestClient(t, b.addr, "nf", &Options{NegTTL: time.Minute})
+	_, err := c.Get(bg(), "missing-7", func(context.Context, *Lease) ([]byte, time.Duration, error) {
+		return nil, 0, ErrNotFound
+	})
+	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), `"missing-7"`) {
+		t.Fatalf("computed not found: %v, want ErrNotFound naming the id", err)
+	}
+	own := fmt.Errorf("user 8 is not in the table: %w", ErrNotFound)
+	_, err = c.Get(bg(), "missing-8", func(context.Context, *Lease) ([]byte, time.Duration, error) {
+		return nil, 0, own
+	})
+	if err != own {
+		t.Fatalf("fetch's own not-found error came back as %v", err)
+	}
+}

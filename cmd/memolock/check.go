@@ -273,6 +273,10 @@ func (ck *checker) run(want []string, stdout, stderr io.Writer) int {
 			}
 		}
 	}
+	if seen["+multi"] && !seen["+exec"] {
+		// A refused MULTI hides EXEC's refusal, which always comes with it.
+		rules = append(rules, "+exec")
+	}
 	if len(rules) > 0 {
 		user := ck.shownUser()
 		if strings.ContainsAny(user, " \"'") && !ck.userWithheld {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -356,5 +357,21 @@ func TestRun_OffATerminalAWaitIsALineNotAStream(t *testing.T) {
 	rdb.Set(context.Background(), "log/lock:q", "someone", 300*time.Millisecond)
 	if q := memolockCmd(t, nil, "run", "--redis", url, "--tag", "log", "--id", "q", "--ttl", "1m", "--quiet", "--", "echo", "q"); q.code != 0 || q.stderr != "" || q.stdout != "q\n" {
 		t.Errorf("--quiet: exit %d, stdout %q, stderr %q", q.code, q.stdout, q.stderr)
+	}
+}
+
+// A NOPERM that names the refused command gets the rule to add; SELECT,
+// which a database other than 0 needs, says so (found walking the
+// newcomer's path: the README's recipe works on db 0 only).
+func TestRedisHintNamesTheRuleOfARefusedCommand(t *testing.T) {
+	cases := []struct{ msg, want string }{
+		{"NOPERM User u has no permissions to run the 'select' command", "add +select"},
+		{"NOPERM this user has no permissions to run the 'client|tracking' command", "add +client|tracking"},
+		{"NOPERM No permissions to access a channel", "'memolock check' names the ACL rules to add"},
+	}
+	for _, c := range cases {
+		if got := redisHint(errors.New(c.msg), "redis://u:pw@host/1"); !strings.Contains(got, c.want) {
+			t.Errorf("hint for %q = %q, want it to say %q", c.msg, got, c.want)
+		}
 	}
 }

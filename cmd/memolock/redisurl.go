@@ -260,6 +260,13 @@ func redisHint(err error, raw string) string {
 	case strings.Contains(msg, "WRONGPASS"):
 		return "; the user name or the password is wrong, or the user is disabled"
 	case strings.Contains(msg, "NOPERM"), strings.Contains(msg, "user executing the script can't run"):
+		if m := refusedCommand.FindStringSubmatch(msg); m != nil {
+			rule := "+" + m[1]
+			if rule == "+select" {
+				return "; the Redis user may not run SELECT, which a database other than 0 in the URL needs: add +select to its ACL rules"
+			}
+			return "; the Redis user may not run " + strings.ToUpper(m[1]) + ": add " + rule + " to its ACL rules ('memolock check' names every rule a feature needs)"
+		}
 		return "; the Redis user lacks a permission: 'memolock check' names the ACL rules to add"
 	case strings.Contains(msg, "MOVED "), strings.Contains(msg, "CROSSSLOT "):
 		return "; this is a Redis Cluster: pass --cluster"

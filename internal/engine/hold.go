@@ -118,7 +118,7 @@ func (e *Engine) computeLocked(p *pursuit, pttl time.Duration) ([]byte, error) {
 		e.stats.notFound.Add(1)
 		e.recordNotFound(f, closing)
 		e.relay(p, wire.NotFoundEvent)
-		return nil, res.err
+		return nil, e.namedNotFound(f, res.err)
 	case res.err != nil:
 		return e.fetchFailed(p, res)
 	case res.ttl < 0:
@@ -137,10 +137,21 @@ func (e *Engine) computeUnlocked(f *flight) ([]byte, error) {
 	switch {
 	case errors.Is(res.err, ErrNotFound):
 		e.stats.notFound.Add(1)
+		return nil, e.namedNotFound(f, res.err)
 	case res.err != nil:
 		e.countFailure(res)
 	}
 	return res.val, res.err
+}
+
+// namedNotFound is fetch's "not found" answer for f's callers: ErrNotFound
+// itself gets the id, as the answers read from Redis or the L1 have it; an
+// error of fetch's own that wraps it is passed on as it is.
+func (e *Engine) namedNotFound(f *flight, err error) error {
+	if err == ErrNotFound {
+		return fmt.Errorf("%w: id %s", ErrNotFound, wire.Quote(f.id))
+	}
+	return err
 }
 
 // fetchFailed tells the waiters elsewhere that fetch failed, and answers the
