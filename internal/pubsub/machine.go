@@ -108,29 +108,6 @@ type machine struct {
 	pingDue  time.Time // when the next freshness PING is due
 }
 
-// freshness is the content of machine.fresh.
-type freshness struct {
-	epoch uint64
-	at    time.Duration // mono time
-}
-
-// freshEvery is how often a tracking subscriber whose tracking is live
-// sends a PING, so that the L1 may keep serving: an L1 entry is served
-// only while the PONG of a PING planned less than l1.FreshFor (1 s) ago
-// has come back on the connection of its epoch. A PONG comes after every
-// invalidation that Redis sent before it answered the PING, so that a
-// value the L1 serves is never older than that bound, even when the
-// process was frozen with invalidations unread in its socket.
-const freshEvery = 200 * time.Millisecond
-
-// trackState is whether the current connection is known to receive
-// invalidations. epoch counts the times that stopped being so.
-type trackState struct {
-	live    bool
-	epoch   uint64
-	refused error // Redis refused tracking on the current connection
-}
-
 func newMachine(sharded bool) *machine {
 	return &machine{
 		sharded:  sharded,
@@ -213,28 +190,6 @@ func (m *machine) detach(w *Watch, now time.Time, fx *effects) {
 	if lingering && !m.wantsShardChannels() {
 		m.unsubBy(now.Add(unsubscribeDelay), fx) // the last wait ended
 	}
-}
-
-// shardLinger is how long a shard channel nobody watches may stay
-// subscribed while other waits of its connection go on (see detach).
-const shardLinger = time.Second
-
-// unsubBy makes the unsubscriptions due by t at the latest, and wakes the
-// owner if that moves them earlier.
-func (m *machine) unsubBy(t time.Time, fx *effects) {
-	if m.unsubDue.IsZero() || t.Before(m.unsubDue) {
-		m.unsubDue = t
-		fx.wake = true
-	}
-}
-
-// wantsShardChannels reports whether a watch wants a shard channel.
-func (m *machine) wantsShardChannels() bool {
-	n := len(m.byChan)
-	if _, ok := m.byChan[invalidationChannel]; ok {
-		n--
-	}
-	return m.sharded && n > 0
 }
 
 // sync asks for a marker round trip for w (see Watch.Sync).
@@ -328,30 +283,6 @@ func (m *machine) plan(now time.Time) (b batch, wakeAt time.Time) {
 		m.owed = append(m.owed, owed{command: c, at: now})
 	}
 	return b, wakeAt
-}
-
-// planFreshness adds a PING to b when tracking is live and none went out
-// for freshEvery, and returns when the owner must plan again for the next
-// (wakeAt, or earlier).
-func (m *machine) planFreshness(b *batch, now, wakeAt time.Time) time.Time {
-	if m.tracker == nil || !m.track.live {
-		return wakeAt
-	}
-	pinged := slices.ContainsFunc(b.cmds, func(c command) bool { return c.verb == verbPing })
-	if !pinged && !m.freshOut {
-		if now.Before(m.pingDue) {
-			if wakeAt.IsZero() || m.pingDue.Before(wakeAt) {
-				wakeAt = m.pingDue
-			}
-			return wakeAt
-		}
-		b.cmds = append(b.cmds, command{verb: verbPing, args: []string{probePayload}})
-		pinged = true
-	}
-	if pinged {
-		m.freshOut, m.pingDue = true, now.Add(freshEvery)
-	}
-	return wakeAt
 }
 
 // restart starts again on a new connection: every channel is to be

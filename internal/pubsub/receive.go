@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/memolock/memolock/internal/mono"
 )
 
 // receive takes in what the reader of connection gen got from
@@ -215,28 +213,5 @@ func (m *machine) wentLive(w *Watch, fx *effects) {
 	if m.track.refused == nil {
 		m.track.live = true
 		fx.tracking = true
-	}
-}
-
-// nextOwedAt is when the next reply owed was planned (zero if none is).
-func (m *machine) nextOwedAt() time.Time {
-	if n := m.undecided(); n < len(m.owed) {
-		return m.owed[n].at
-	}
-	return time.Time{}
-}
-
-// pongBack records the PONG of a PING planned at at: every invalidation
-// Redis sent before it answered has been handed on (the reader applies
-// what it receives in order), so the L1 is fresh as of at. The owner is
-// woken to plan the next freshness PING.
-func (m *machine) pongBack(at time.Time, fx *effects) {
-	if m.tracker == nil {
-		return
-	}
-	m.freshOut = false
-	fx.wake = true
-	if m.track.live {
-		m.fresh.Store(&freshness{epoch: m.track.epoch, at: mono.At(at)})
 	}
 }

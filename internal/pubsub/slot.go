@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // slotCount is the number of hash slots of a Redis Cluster.
@@ -177,4 +178,26 @@ func (m *machine) dropped(ch string) {
 			return
 		}
 	}
+}
+
+// shardLinger is how long a shard channel nobody watches may stay
+// subscribed while other waits of its connection go on (see detach).
+const shardLinger = time.Second
+
+// unsubBy makes the unsubscriptions due by t at the latest, and wakes the
+// owner if that moves them earlier.
+func (m *machine) unsubBy(t time.Time, fx *effects) {
+	if m.unsubDue.IsZero() || t.Before(m.unsubDue) {
+		m.unsubDue = t
+		fx.wake = true
+	}
+}
+
+// wantsShardChannels reports whether a watch wants a shard channel.
+func (m *machine) wantsShardChannels() bool {
+	n := len(m.byChan)
+	if _, ok := m.byChan[invalidationChannel]; ok {
+		n--
+	}
+	return m.sharded && n > 0
 }
