@@ -214,7 +214,7 @@ var (
 		{"fail cut before stray continuation bytes", wire.EventFail, strings.Repeat("x", 4095) + "\x80\x80 and more", ""},
 		{"fail cut after a lone lead byte", wire.EventFail, strings.Repeat("x", 4095) + "\xc3 and more", ""},
 	}
-	vectorHosts = []string{"build-7", "web01.example.com", "my_host", "héllo wörld", "box🦀", "a:b/c@d", "", "h\xffst"}
+	vectorHosts = []string{"build-7", "web01.example.com", "my_host", "héllo wörld", "box🦀", "a:b/c@d", "", "h\xffst", "h\xe2\x82st"}
 	vectorTags  = []string{"likes", "app:likes", "a/b", "ünï", "", "a/lock", "a/locks", "x/notif", "a/lock-event", "/notif"}
 	vectorParse = []string{"fail\ntok\nmsg", "fail\ntok\nmsg\nwith\nlines", "abandon\ntok\n", "abandon\ntok",
 		"fail\ntok\n", "fail\ntok", "fail", "", "future-kind\ntok\nwhatever", "fail\n\nno token",
