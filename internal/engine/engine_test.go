@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"strconv"
 	"strings"
@@ -110,3 +111,35 @@ func TestWaitBoundsMatchTheVectors(t *testing.T) {
 		}
 	}
 }
+
+// A write waits out a slot migration's replies and a failover's
+// CLUSTERDOWN (a store refused with it failed a holder in CI); a lookup
+// waits out the migration's only, and errors that are not Redis's replies
+// are neither.
+func TestPassingRepliesOfASlotChangingHands(t *testing.T) {
+	cases := []struct {
+		err             error
+		moving, passing bool
+	}{
+		{redisReply("TRYAGAIN Multiple keys request during rehashing of slot"), true, true},
+		{redisReply("MOVED 3999 127.0.0.1:6381"), true, true},
+		{redisReply("ASK 3999 127.0.0.1:6381"), true, true},
+		{redisReply("CLUSTERDOWN Hash slot not served"), false, true},
+		{redisReply("ERR unknown command"), false, false},
+		{errors.New("CLUSTERDOWN but not a reply"), false, false},
+	}
+	for _, c := range cases {
+		if got := slotMoving(c.err); got != c.moving {
+			t.Errorf("slotMoving(%v) = %v, want %v", c.err, got, c.moving)
+		}
+		if got := passing(c.err); got != c.passing {
+			t.Errorf("passing(%v) = %v, want %v", c.err, got, c.passing)
+		}
+	}
+}
+
+// redisReply is an error reply as go-redis returns one.
+type redisReply string
+
+func (r redisReply) Error() string { return string(r) }
+func (redisReply) RedisError()     {}

@@ -34,9 +34,10 @@ func (e *Engine) store(p *pursuit, val []byte, ttl time.Duration, closing bool) 
 	defer cancel()
 	own := e.expectOwn(f.key)
 	stored, err := e.proto.Store(ctx, f.key, f.token, val, ttl)
-	if err != nil && slotMoving(err) && !closing {
-		// The slot is being migrated: the callers here have their value
-		// now, and the store waits for the migration afterwards.
+	if err != nil && passing(err) && e.cfg.Cluster != nil && !closing {
+		// The slot is being migrated, or its master failed over: the
+		// callers here have their value now, and the store waits for the
+		// slot afterwards.
 		if own != nil {
 			own.cancel()
 		}

@@ -74,20 +74,49 @@ func slotMoving(err error) bool {
 	return strings.HasPrefix(msg, "TRYAGAIN") || strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ")
 }
 
+// passing reports whether a write refused with err may be made again
+// once a slot has settled: slotMoving, or CLUSTERDOWN, which a node
+// answers for a moment while a failover hands its slots over (go-redis's
+// own few retries may not outlast it: seen under load, in a store). A
+// cluster that stays down is reported after clusterDownFor.
+func passing(err error) bool { return slotMoving(err) || clusterDown(err) }
+
+// clusterDown reports whether err is a CLUSTERDOWN reply.
+func clusterDown(err error) bool {
+	var reply redis.Error
+	return errors.As(err, &reply) && strings.HasPrefix(reply.Error(), "CLUSTERDOWN")
+}
+
+// clusterDownFor bounds how long a call waits out CLUSTERDOWN replies: a
+// graceful failover shows them for a moment (go-redis's own few retries
+// may not outlast it, seen under load in a store), a cluster that is down
+// for longer is reported.
+const clusterDownFor = 2 * time.Second
+
 // throughMigration runs call, and again while it meets a slot migration
-// (slotMoving), with pauses growing to migrationPause, for at most LockTTL
+// or a failover (passing), with pauses growing to migrationPause, for at most LockTTL
 // (a lease cannot outlive it; nor should any call wait longer for a slot),
 // or until ctx ends or Close begins. It returns call's last error. On a
 // single node it runs call once.
 func (e *Engine) throughMigration(ctx context.Context, call func() error) error {
 	err := call()
-	if err == nil || e.cfg.Cluster == nil || !slotMoving(err) {
+	if err == nil || e.cfg.Cluster == nil || !passing(err) {
 		return err
 	}
 	bound := time.NewTimer(e.cfg.LockTTL)
 	defer bound.Stop()
 	pause := 5 * time.Millisecond
+	var downSince time.Time
 	for {
+		if clusterDown(err) {
+			if downSince.IsZero() {
+				downSince = time.Now()
+			} else if time.Since(downSince) > clusterDownFor {
+				return err
+			}
+		} else {
+			downSince = time.Time{}
+		}
 		t := time.NewTimer(pause)
 		select {
 		case <-t.C:
@@ -102,7 +131,7 @@ func (e *Engine) throughMigration(ctx context.Context, call func() error) error 
 			return err
 		}
 		pause = min(2*pause, migrationPause)
-		if err = call(); err == nil || !slotMoving(err) {
+		if err = call(); err == nil || !passing(err) {
 			return err
 		}
 	}
