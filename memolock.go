@@ -205,8 +205,22 @@ func (c *Client) GetExternal(ctx context.Context, id string, start StartFunc) ([
 
 // get checks a Get's arguments and hands it to the engine.
 func (c *Client) get(ctx context.Context, id string, fetch engine.Fetcher, start engine.StartFunc) ([]byte, Served, error) {
-	if err := c.usable(); err != nil {
+	key, err := c.admit(ctx, id)
+	if err != nil {
 		return nil, 0, err
+	}
+	val, served, err := c.e.Get(ctx, id, key, fetch, start)
+	return val, Served(served), err
+}
+
+// admit checks a Get's client, context and id, counts a refusal, and
+// returns the id's key. It has a frame of its own, which a waiting caller
+// does not keep on its stack (see engine.Get).
+//
+//go:noinline
+func (c *Client) admit(ctx context.Context, id string) (string, error) {
+	if err := c.usable(); err != nil {
+		return "", err
 	}
 	key, err := c.wireID(id)
 	switch {
@@ -217,10 +231,9 @@ func (c *Client) get(ctx context.Context, id string, fetch engine.Fetcher, start
 	}
 	if err != nil {
 		c.e.Count(0, err)
-		return nil, 0, err
+		return "", err
 	}
-	val, served, err := c.e.Get(ctx, id, key, fetch, start)
-	return val, Served(served), err
+	return key, nil
 }
 
 // cached answers a Get from the L1, before anything is made for a flight:

@@ -13,20 +13,58 @@ import (
 // L1, or through the flight for key, which it joins or starts. Exactly one
 // of fetch and start is set. ctx is not nil and not done.
 func (e *Engine) Get(ctx context.Context, id, key string, fetch Fetcher, start StartFunc) ([]byte, Served, error) {
-	if a, ok := e.fromL1(id, key); ok {
-		e.stats.answered(a.served, a.err)
-		return a.val, a.served, a.err
+	if e.l1 != nil {
+		if val, served, ok, err := e.Cached(id, key); ok {
+			return val, served, err
+		}
 	}
-	cl := e.begin(ctx)
-	f, err := e.join(&cl, &flightSpec{id: id, key: key, kind: forGet, fetch: fetch, start: start})
-	a := answer{err: err}
+	// A caller waits with this function's frame and those above it on its
+	// stack: they are kept small, and what only a flight's first caller
+	// does (lead) or a traced call needs is done in frames of their own,
+	// so that a waiting caller's goroutine stays within its first stack
+	// (see BenchmarkMassExpiry's B/waiter).
+	var cl callSpan
+	e.begin(&cl, ctx)
+	f, err := e.flights.find(key)
+	switch {
+	case f != nil:
+		err = e.joinFound(&cl, f)
+	case err == nil:
+		f, err = e.lead(&cl, id, key, fetch, start)
+	}
 	if err != nil {
 		e.stats.answered(0, err)
-	} else {
-		a = e.await(ctx, f)
+		e.observe(&cl, 0, err)
+		return nil, 0, err
 	}
-	e.observe(cl, a.served, a.err)
-	return a.val, a.served, a.err
+	var val []byte
+	var served Served
+	if ctx.Done() == nil {
+		<-f.done // a plain receive: many callers of a hot key contend less
+		val, served, err = f.answer.val, f.answer.served, f.answer.err
+	} else {
+		val, served, err = e.awaitOrLeave(ctx, f)
+	}
+	e.observe(&cl, served, err)
+	return val, served, err
+}
+
+// lead makes and launches the flight of a Get that found none.
+//
+//go:noinline
+func (e *Engine) lead(cl *callSpan, id, key string, fetch Fetcher, start StartFunc) (*flight, error) {
+	return e.newFlight(cl, &flightSpec{id: id, key: key, kind: forGet, fetch: fetch, start: start})
+}
+
+// joinFound joins f, a flight that find returned.
+func (e *Engine) joinFound(cl *callSpan, f *flight) error {
+	if err := e.reentered(f); err != nil {
+		return err
+	}
+	if f.span != nil {
+		e.joined(cl, f)
+	}
+	return nil
 }
 
 // Cached answers a Get from the L1, if it holds key, and counts the answer.
@@ -89,17 +127,20 @@ func (e *Engine) join(cl *callSpan, tmpl *flightSpec) (*flight, error) {
 	f, err := e.flights.find(tmpl.key)
 	if err != nil || f != nil {
 		if f != nil {
-			if err := e.reentered(f); err != nil {
-				return nil, err
-			}
-			e.joined(cl, f)
+			err = e.joinFound(cl, f)
 		}
 		return f, err
 	}
+	return e.newFlight(cl, tmpl)
+}
+
+// newFlight makes a flight like tmpl and launches it, unless another caller
+// made one meanwhile, which it joins.
+func (e *Engine) newFlight(cl *callSpan, tmpl *flightSpec) (*flight, error) {
 	if tmpl.kind == forGet {
 		e.trace(cl, tmpl.id) // a GetMany batch's flights are not traced
 	}
-	f = &flight{id: tmpl.id, key: tmpl.key, kind: tmpl.kind, fetch: tmpl.fetch, start: tmpl.start, member: tmpl.member,
+	f := &flight{id: tmpl.id, key: tmpl.key, kind: tmpl.kind, fetch: tmpl.fetch, start: tmpl.start, member: tmpl.member,
 		span: cl.span, done: make(chan struct{})}
 	f.token, f.claim = e.claimSpan(cl.ctx, f)
 	led, leader, err := e.flights.lead(f, &e.work)
@@ -300,6 +341,15 @@ func (e *Engine) finish(f *flight, a answer) int { return e.flights.finish(f, a)
 // deliver is finish for a value pushed to a waiting flight (see
 // group.deliver).
 func (e *Engine) deliver(f *flight, a answer) int { return e.flights.deliver(f, a) }
+
+// awaitOrLeave is await for a caller that may leave (its context has a
+// Done channel), in a frame of its own: see Get.
+//
+//go:noinline
+func (e *Engine) awaitOrLeave(ctx context.Context, f *flight) ([]byte, Served, error) {
+	a := e.await(ctx, f)
+	return a.val, a.served, a.err
+}
 
 // await waits for f on behalf of one caller. A caller that gives up waiting
 // gets the stale copy of the value, if the flight has one.

@@ -36,15 +36,14 @@ type callSpan struct {
 }
 
 // begin starts observing a call that missed the L1.
-func (e *Engine) begin(ctx context.Context) callSpan {
+func (e *Engine) begin(cl *callSpan, ctx context.Context) {
 	// Without an SDK (the global providers' default), a call records
 	// nothing: a thousand callers woken at once must not each pay for
 	// reading the clock and ending a span that nobody records.
-	cl := callSpan{begun: true, ctx: ctx}
+	cl.begun, cl.ctx = true, ctx
 	if e.meters.timing(ctx) {
 		cl.t0 = time.Now()
 	}
-	return cl
 }
 
 // trace starts cl's span, and keeps it if it records.
@@ -67,7 +66,17 @@ func (cl callSpan) joined(f *flight) {
 }
 
 // observe records and ends what begin started.
-func (e *Engine) observe(cl callSpan, served Served, err error) {
+func (e *Engine) observe(cl *callSpan, served Served, err error) {
+	if cl.t0.IsZero() && cl.span == nil {
+		return
+	}
+	e.record(cl, served, err)
+}
+
+// record is observe for a call that is timed or traced.
+//
+//go:noinline
+func (e *Engine) record(cl *callSpan, served Served, err error) {
 	if !cl.t0.IsZero() {
 		e.meters.recordGet(cl.ctx, time.Since(cl.t0), served, err)
 	}
