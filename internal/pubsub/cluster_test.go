@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -370,4 +371,123 @@ func TestClusterNamedUnsubscribeForAUserWhoMayNotPing(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the value", func() bool { return c.has("v") })
+}
+
+// TestClusterWatchOnADemotedMasterMoves fails a master over gracefully,
+// then places a watch where a stale slot map says the slot is: on the old
+// master, now a replica, which takes the SSUBSCRIBE but would hear the
+// new master's SPUBLISH only once that master knows it as its replica. The
+// move that the failover caused sets off an audit, which finds the old
+// master is not one any more: the watch moves, and watching again lands on
+// the new master, which hears the value.
+func TestClusterWatchOnADemotedMasterMoves(t *testing.T) {
+	nodes := redistest.StartClusterWithReplicas(t, 3, 1)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr}})
+	r := NewRouter(cc, Config{Health: time.Minute})
+	t.Cleanup(func() {
+		r.Close(5 * time.Second)
+		_ = cc.Close()
+	})
+	cr := &clusterRig{nodes: nodes, cc: cc, r: r}
+	old, err := cc.MasterForKey(bg, "{x}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldAddr := old.Options().Addr
+	replica := replicaOf(t, nodes, cr.server(oldAddr))
+	// The slot map as go-redis may hold it for a while after a failover:
+	// the first watch after the move is placed on the old master.
+	stale := true
+	r.lookup = func(ctx context.Context, key string) (*redis.Client, error) {
+		if stale {
+			stale = false
+			return old, nil
+		}
+		return cc.MasterForKey(ctx, key)
+	}
+	before := r.Watch(nil, "{x}n")
+	cb := collect(t, before)
+	waitFor(t, "live", func() bool { return cb.get().Reread })
+
+	replica.Do(t, "CLUSTER", "FAILOVER")
+	waitFor(t, "the failover's move", func() bool { return cb.get().Moved })
+	before.Stop()
+	stale = true
+	w := r.Watch(nil, "{x}n")
+	c := collect(t, w)
+	waitFor(t, "the watch on the old master to be live or moved", func() bool { return c.get().Reread || c.get().Moved })
+	if !c.get().Reread {
+		t.Fatalf("the old master refused the watch (%+v): the test proves nothing", c.get())
+	}
+	if got := cr.addrOf(t, w); got != oldAddr {
+		t.Fatalf("the stale watch went to %s, not to the old master %s: the test proves nothing", got, oldAddr)
+	}
+	waitFor(t, "the watch on a replica to move", func() bool { return c.get().Moved })
+	w.Stop()
+
+	again, ca := cr.rewatch(t, "{x}n")
+	defer again.Stop()
+	if got := cr.addrOf(t, again); got != replica.Addr {
+		t.Fatalf("watching again went to %s; want the new master %s", got, replica.Addr)
+	}
+	if err := cc.SPublish(bg, "{x}n", "v").Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the value", func() bool { return ca.has("v") })
+}
+
+// replicaOf returns the node that replicates master.
+func replicaOf(t *testing.T, nodes []*redistest.Server, master *redistest.Server) *redistest.Server {
+	t.Helper()
+	var replica *redistest.Server
+	waitFor(t, "a replica of "+master.Addr, func() bool {
+		for _, n := range nodes {
+			info, _ := n.Do(t, "INFO", "replication").(string)
+			if strings.Contains(info, "role:slave") && strings.Contains(info, "master_port:"+master.Addr[strings.LastIndexByte(master.Addr, ':')+1:]) {
+				replica = n
+				return true
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+		return false
+	})
+	return replica
+}
+
+// TestClusterRedirectAuditsWatches places a watch on a master demoted by
+// a failover that moved no watch (nobody watched that slot then), by a
+// stale slot map; a redirected command, which Redirected reports, sets off
+// the audit that moves it.
+func TestClusterRedirectAuditsWatches(t *testing.T) {
+	nodes := redistest.StartClusterWithReplicas(t, 3, 1)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr}})
+	r := NewRouter(cc, Config{Health: time.Minute})
+	t.Cleanup(func() {
+		r.Close(5 * time.Second)
+		_ = cc.Close()
+	})
+	cr := &clusterRig{nodes: nodes, cc: cc, r: r}
+	old, err := cc.MasterForKey(bg, "{y}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	replica := replicaOf(t, nodes, cr.server(old.Options().Addr))
+	replica.Do(t, "CLUSTER", "FAILOVER")
+	demoted := cr.server(old.Options().Addr)
+	waitFor(t, "the failover, as both nodes see it", func() bool {
+		role, _ := replica.Do(t, "ROLE").([]any)
+		was, _ := demoted.Do(t, "ROLE").([]any)
+		return len(role) > 0 && role[0] == "master" && len(was) > 0 && was[0] == "slave"
+	})
+	r.lookup = func(context.Context, string) (*redis.Client, error) { return old, nil }
+	w := r.Watch(nil, "{y}n")
+	c := collect(t, w)
+	waitFor(t, "the watch on the old master to be live", func() bool { return c.get().Reread })
+	if got := cr.addrOf(t, w); got != old.Options().Addr {
+		t.Fatalf("the watch went to %s, not to the old master: the test proves nothing", got)
+	}
+	r.lookup = cc.MasterForKey
+	r.Redirected()
+	waitFor(t, "the watch on a replica to move", func() bool { return c.get().Moved })
+	w.Stop()
 }

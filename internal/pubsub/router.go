@@ -28,6 +28,7 @@ type Router struct {
 	closed   bool
 	nodes    map[string]routed // by node address
 	retiring sync.WaitGroup    // subscribers replaced, closing
+	audits   audit             // see audit.go
 }
 
 // routed is the subscriber of one master, and go-redis's client of that
@@ -72,7 +73,14 @@ func (r *Router) moved() {
 	if r.reload != nil {
 		r.reload()
 	}
+	r.scheduleAudit()
 }
+
+// Redirected tells the Router that a command of its client was redirected
+// to another node: the slot map it places watches by may be out of date,
+// and watches placed by it may sit on a node that no longer serves their
+// slot. The map is reloaded, and the placements audited (see audit.go).
+func (r *Router) Redirected() { r.moved() }
 
 // Watch watches channels, which must share one slot, on the master that
 // serves it; see Watcher. If the cluster cannot say which master that is,
@@ -199,6 +207,9 @@ func (r *Router) subscribers() []*Subscriber {
 func (r *Router) Close(d time.Duration) {
 	deadline := time.Now().Add(d)
 	r.mu.Lock()
+	if !r.closed && r.audits.stop != nil {
+		close(r.audits.stop)
+	}
 	r.closed = true
 	r.mu.Unlock()
 	var wg sync.WaitGroup
@@ -210,5 +221,6 @@ func (r *Router) Close(d time.Duration) {
 		}()
 	}
 	wg.Wait()
+	waitUntil(&r.audits.wg, deadline)
 	waitUntil(&r.retiring, deadline)
 }
