@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 
 	"github.com/memolock/memolock/internal/l1"
@@ -92,4 +93,42 @@ type batchPart interface {
 	launched(f *flight) // the flight is about to look up
 	looked(won bool)    // its first lookup answered: won, it will fetch
 	settled()           // the flight has ended
+}
+
+// awaitOrLeave is await for a caller that may leave (its context has a
+// Done channel), in a frame of its own: see Get.
+//
+//go:noinline
+func (e *Engine) awaitOrLeave(ctx context.Context, f *flight) ([]byte, Served, error) {
+	a := e.await(ctx, f)
+	return a.val, a.served, a.err
+}
+
+// await waits for f on behalf of one caller. A caller that gives up waiting
+// gets the stale copy of the value, if the flight has one.
+func (e *Engine) await(ctx context.Context, f *flight) answer {
+	cancelled := ctx.Done()
+	if cancelled == nil {
+		<-f.done // a plain receive: many callers of a hot key contend less
+		return f.answer
+	}
+	select {
+	case <-f.done:
+		return f.answer
+	case <-cancelled:
+	}
+	fallback, left := e.flights.leave(f)
+	switch {
+	case !left:
+		// Finished meanwhile, and counted with this caller.
+		<-f.done
+		return f.answer
+	case fallback != nil:
+		e.stats.servedStale.Add(1)
+		e.stats.answered(ServedStale, nil)
+		return answer{val: fallback, served: ServedStale}
+	}
+	err := fmt.Errorf("%w: %w", ErrTimeout, ctx.Err())
+	e.stats.answered(0, err)
+	return answer{err: err}
 }
