@@ -22,7 +22,8 @@ type batcher struct {
 	client   *redis.Client         // the node's own: pipelines go to it alone
 	single   redis.UniversalClient // lookups redirected elsewhere: the cluster's client, or the node's
 	stats    *counters
-	work     *work // the engine's: Close waits for the loops
+	work     *work  // the engine's: Close waits for the loops
+	moved    func() // told of a MOVED: the cluster's slot map is out of date (nil: nobody)
 	inflight atomic.Int32
 	maxLoops int
 
@@ -81,6 +82,13 @@ func (b *batcher) runAlone(ctx context.Context, keys []string, args []any) (any,
 	res, err := wire.Acquire.Run(ctx, b.client, keys, args...).Result()
 	if err == nil || !redirected(err) {
 		return res, false, err
+	}
+	if b.moved != nil && strings.HasPrefix(err.Error(), "MOVED ") {
+		// The slot has a new owner that the client's map does not know
+		// (a failover, a finished migration): a watch placed by that map
+		// may sit on a node that hears nothing of it. ASK and TRYAGAIN,
+		// a migration under way, change no owner yet.
+		b.moved()
 	}
 	res, err = wire.Acquire.Run(ctx, b.single, keys, args...).Result()
 	return res, true, err

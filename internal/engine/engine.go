@@ -103,6 +103,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Cluster != nil {
 		e.router = pubsub.NewRouter(cfg.Cluster, psc)
 		e.subs = e.router
+		e.nodes.moved = e.router.Redirected
 		if e.l1 != nil {
 			e.work.add()
 			go e.trackMasters()

@@ -282,12 +282,6 @@ func (e *Engine) lookupOn(ctx context.Context, f *flight, n *node) attempt {
 		n.down.report(err)
 		return attempt{err: err, sent: mayHaveRun(err)}
 	}
-	if r.Elsewhere && e.router != nil {
-		// The slot is not where the client's map says (a failover, a
-		// migration): a watch placed by that map may be on a node that
-		// hears nothing of it.
-		e.router.Redirected()
-	}
 	return attempt{r: r}
 }
 

@@ -29,6 +29,9 @@ type nodes struct {
 	stats  *counters
 	log    *slog.Logger
 	work   *work // the engine's: Close waits for batches and probes
+	// moved is told of a lookup answered MOVED (see batcher.moved); set
+	// by New before any node is made.
+	moved func()
 
 	mu     sync.Mutex
 	closed bool
@@ -52,6 +55,7 @@ func (ns *nodes) newNode(client *redis.Client, run redis.UniversalClient) *node 
 		client: client,
 		batch:  newBatcher(client, run, ns.stats, ns.work),
 	}
+	n.batch.moved = ns.moved
 	n.down = newOutage(client, addr, ns.reload(), ns.retirer(n), ns.stats, ns.log, ns.work)
 	return n
 }

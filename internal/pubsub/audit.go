@@ -3,6 +3,7 @@ package pubsub
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -22,22 +23,37 @@ import (
 // subscriber of every node that is no longer a master: its watches move,
 // and their waiters look again and watch where the map now says.
 //
-// The audits run auditDelays after the event that started them, and
-// again after the last delay for as long as such events keep coming.
-var auditDelays = []time.Duration{250 * time.Millisecond, 2 * time.Second}
+// An event asks for an audit auditSoon after it, and another auditLater
+// after it, when the slot map is sure to have settled; events that come
+// while audits are due move the first earlier and the last later. Moves
+// come in bursts (every watch of a failed-over master at once), so events
+// are taken at most once per eventEvery.
+const (
+	auditSoon  = 250 * time.Millisecond
+	auditLater = 2 * time.Second
+	eventEvery = 50 * time.Millisecond
+)
 
-// audit is the state of the audits of a Router, guarded by its mu.
+// audit is the state of the audits of a Router, guarded by its mu but
+// for lastEvent.
 type audit struct {
-	running bool          // an audit goroutine is running
-	again   bool          // a move came while it ran: one more round
-	stop    chan struct{} // closed by Close
-	wg      sync.WaitGroup
+	lastEvent atomic.Int64  // Unix ns of the last event taken
+	running   bool          // the audit goroutine runs
+	next      time.Time     // the next audit is due then
+	last      time.Time     // and the last one then
+	poke      chan struct{} // next moved earlier (capacity 1)
+	ctx       context.Context
+	cancel    context.CancelFunc // by Close: an audit under way stops asking
+	wg        sync.WaitGroup
 }
 
-// scheduleAudit starts the audits, unless they run already, in which case
-// they go on for one more round.
+// scheduleAudit asks for audits after an event: a move or a redirection.
 func (r *Router) scheduleAudit() {
 	if r.masters == nil {
+		return
+	}
+	now := time.Now()
+	if l := r.audits.lastEvent.Load(); now.UnixNano()-l < int64(eventEvery) || !r.audits.lastEvent.CompareAndSwap(l, now.UnixNano()) {
 		return
 	}
 	r.mu.Lock()
@@ -45,35 +61,59 @@ func (r *Router) scheduleAudit() {
 	if r.closed {
 		return
 	}
+	soon, later := now.Add(auditSoon), now.Add(auditLater)
+	if later.After(r.audits.last) {
+		r.audits.last = later
+	}
 	if r.audits.running {
-		r.audits.again = true
+		if soon.Before(r.audits.next) {
+			r.audits.next = soon
+			select {
+			case r.audits.poke <- struct{}{}:
+			default:
+			}
+		}
 		return
 	}
-	if r.audits.stop == nil {
-		r.audits.stop = make(chan struct{})
+	if r.audits.ctx == nil {
+		r.audits.ctx, r.audits.cancel = context.WithCancel(context.Background())
+		r.audits.poke = make(chan struct{}, 1)
 	}
+	r.audits.next = soon
 	r.audits.running = true
 	r.audits.wg.Add(1)
-	go r.runAudits(r.audits.stop)
+	go r.runAudits()
 }
 
-// runAudits audits after each of auditDelays, then once more after the
-// last one for each move that came meanwhile.
-func (r *Router) runAudits(stop <-chan struct{}) {
+// runAudits audits when audits are due, until none is.
+func (r *Router) runAudits() {
 	defer r.audits.wg.Done()
-	for round := 0; ; round++ {
-		t := time.NewTimer(auditDelays[min(round, len(auditDelays)-1)])
-		select {
-		case <-stop:
-			t.Stop()
+	ctx := r.audits.ctx
+	for {
+		r.mu.Lock()
+		if r.closed {
+			r.audits.running = false
+			r.mu.Unlock()
 			return
+		}
+		wait := time.Until(r.audits.next)
+		r.mu.Unlock()
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			continue // closed: the loop ends above
+		case <-r.audits.poke:
+			t.Stop()
+			continue // an earlier audit is due
 		case <-t.C:
 		}
-		r.auditNodes()
+		r.auditNodes(ctx)
 		r.mu.Lock()
-		more := round < len(auditDelays)-1 || r.audits.again
-		r.audits.again = false
-		if !more || r.closed {
+		now := time.Now()
+		if r.audits.last.After(now) {
+			r.audits.next = r.audits.last
+		} else {
 			r.audits.running = false
 			r.mu.Unlock()
 			return
@@ -82,11 +122,13 @@ func (r *Router) runAudits(stop <-chan struct{}) {
 	}
 }
 
-// auditNodes retires the subscribers of the nodes that the cluster, asked
-// now, does not name as masters. If it cannot be asked, nothing changes.
-func (r *Router) auditNodes() {
-	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-	defer cancel()
+// auditNodes retires the subscribers of the nodes that are not masters
+// any more: those that the slot map, reloaded now, does not name as
+// masters, and that say so themselves. The map may come from a node that
+// is not up to date (an old master frozen past its failover answers with
+// its old view): a node is retired only if it answers ROLE as a replica,
+// so a healthy master is never retired on the word of another.
+func (r *Router) auditNodes(ctx context.Context) {
 	var mu sync.Mutex
 	masters := make(map[string]bool)
 	err := r.masters(ctx, func(_ context.Context, node *redis.Client) error {
@@ -99,19 +141,36 @@ func (r *Router) auditNodes() {
 		return
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return
-	}
+	var doubtful []routed
 	for addr, n := range r.nodes {
-		if masters[addr] {
+		if !masters[addr] {
+			doubtful = append(doubtful, n)
+		}
+	}
+	r.mu.Unlock()
+	for _, n := range doubtful {
+		if ctx.Err() != nil || !r.isReplica(ctx, n.client) {
 			continue
 		}
-		delete(r.nodes, addr)
-		r.retiring.Add(1)
-		go func() {
-			defer r.retiring.Done()
-			n.sub.retire(callTimeout)
-		}()
+		r.mu.Lock()
+		if !r.closed && r.nodes[n.client.Options().Addr] == n {
+			delete(r.nodes, n.client.Options().Addr)
+			r.retiring.Add(1)
+			go func() {
+				defer r.retiring.Done()
+				n.sub.retire(callTimeout)
+			}()
+		}
+		r.mu.Unlock()
 	}
+}
+
+// isReplica reports whether node answers ROLE as a replica. A node that
+// does not answer is left to its subscriber, whose connection fails.
+func (r *Router) isReplica(ctx context.Context, node *redis.Client) bool {
+	if r.role != nil {
+		return r.role(ctx, node)
+	}
+	role, err := node.Do(ctx, "ROLE").Slice()
+	return err == nil && len(role) > 0 && role[0] == "slave"
 }

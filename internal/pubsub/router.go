@@ -23,6 +23,8 @@ type Router struct {
 	masters func(ctx context.Context, fn func(ctx context.Context, node *redis.Client) error) error
 	reload  func()
 	newSub  func(node *redis.Client) *Subscriber // a sharded subscriber of node
+	// role, if set, stands in for asking a node ROLE (see isReplica).
+	role func(ctx context.Context, node *redis.Client) bool
 
 	mu       sync.Mutex
 	closed   bool
@@ -207,10 +209,10 @@ func (r *Router) subscribers() []*Subscriber {
 func (r *Router) Close(d time.Duration) {
 	deadline := time.Now().Add(d)
 	r.mu.Lock()
-	if !r.closed && r.audits.stop != nil {
-		close(r.audits.stop)
-	}
 	r.closed = true
+	if r.audits.cancel != nil {
+		r.audits.cancel()
+	}
 	r.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, s := range r.subscribers() {

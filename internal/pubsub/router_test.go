@@ -181,3 +181,43 @@ func TestRouterCloseClosesEveryNodeAndRefusesLaterWatches(t *testing.T) {
 		t.Fatalf("SubscriberFor after Close: %v", err)
 	}
 }
+
+// TestRouterAuditRetiresOnlyNodesThatSayTheyAreReplicas: the slot map an
+// audit reloads may come from a node with an old view (an old master
+// frozen past its failover answers with itself as master). A node missing
+// from the map's masters is retired only once it answers ROLE as a
+// replica; a healthy master named wrongly keeps its watches.
+func TestRouterAuditRetiresOnlyNodesThatSayTheyAreReplicas(t *testing.T) {
+	f := newFakeRedis()
+	var reloads atomic.Int64
+	nt := newNodeTable(t, "n1:1", "n2:1")
+	r := fakeRouter(t, f, nt, &reloads)
+	r.masters = func(ctx context.Context, fn func(context.Context, *redis.Client) error) error {
+		nt.mu.Lock()
+		n1 := nt.clients["n1:1"]
+		nt.mu.Unlock()
+		return fn(ctx, n1) // a stale map: n2 is not named a master
+	}
+	var n2Replica atomic.Bool
+	var asked atomic.Int64
+	r.role = func(_ context.Context, node *redis.Client) bool {
+		asked.Add(1)
+		return node.Options().Addr == "n2:1" && n2Replica.Load()
+	}
+	w1 := r.Watch(nil, "{a}n")
+	w2 := r.Watch(nil, "{b}n")
+	waitFor(t, "live", func() bool { return peek(w1).Reread && peek(w2).Reread })
+
+	r.Redirected()
+	waitFor(t, "the audit to ask n2", func() bool { return asked.Load() > 0 })
+	if peek(w2).Moved || peek(w1).Moved {
+		t.Fatal("an audit retired a node that says it is a master")
+	}
+	time.Sleep(2 * eventEvery) // past the events' rate limit
+	n2Replica.Store(true)
+	r.Redirected()
+	waitFor(t, "n2's watch to move", func() bool { return peek(w2).Moved })
+	if peek(w1).Moved {
+		t.Fatal("the audit moved a master's watch")
+	}
+}
