@@ -159,15 +159,21 @@ func TestGet_OnWaitGetsTheCallersID(t *testing.T) {
 	raw.Set(bg(), "hw/lock:"+HashID("user 42"), "someone", time.Minute)
 	ids := make(chan string, 1)
 	c := newTestClient(t, b.addr, "hw", &Options{HashIDs: true, OnWait: func(id, _ string) { ids <- id }})
-	ctx, cancel := context.WithTimeout(bg(), 100*time.Millisecond)
-	defer cancel()
-	_, _ = c.Get(ctx, "user 42", noFetch)
+	// The caller stays until OnWait is called: one that left first (a
+	// short deadline, on a loaded machine) would leave no flight to wait.
+	ctx, cancel := context.WithCancel(bg())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = c.Get(ctx, "user 42", noFetch)
+	}()
+	defer func() { cancel(); <-done }()
 	select {
 	case id := <-ids:
 		if id != "user 42" {
 			t.Errorf("OnWait got id %q", id)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(10 * time.Second):
 		t.Fatal("OnWait not called")
 	}
 }

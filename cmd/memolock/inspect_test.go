@@ -380,7 +380,10 @@ func TestInspect_BigValueIsNotTransferred(t *testing.T) {
 	if n := sent() - before; n > 64<<10 {
 		t.Errorf("Redis sent %d bytes for inspect", n)
 	}
-	if !in.Found || in.Size != 1<<20 || !inTTL(in.TTL, time.Hour) || in.Lock != "done" || !inTTL(in.LockTTL, time.Second) || in.Key != "big:v" {
+	// Set leaves its lock as done:<token> for a second at most; on a
+	// loaded machine inspect may come after that, and find it free.
+	lockOK := in.Lock == "done" && inTTL(in.LockTTL, time.Second) || in.Lock == "free" && in.LockTTL == nil
+	if !in.Found || in.Size != 1<<20 || !inTTL(in.TTL, time.Hour) || !lockOK || in.Key != "big:v" {
 		t.Errorf("1 MB value: %+v", in)
 	}
 }

@@ -236,7 +236,10 @@ namespace MemoLockTests
             using (var srv = new RedisServer())
             {
                 var spy = new SpyTransport(srv.Url());
-                var c = new MemoLock(spy, "t", TimeSpan.FromMilliseconds(300));
+                // A lock of 2 s, renewed every 667 ms: with a shorter one, a
+                // loaded machine that holds the renewal thread back lets the
+                // lock lapse before the second renewal this waits for.
+                var c = new MemoLock(spy, "t", TimeSpan.FromSeconds(2));
                 var listener = RespConnection.Open(srv.Url(), 5000);
                 try
                 {
@@ -253,7 +256,7 @@ namespace MemoLockTests
                         Assert.True(listener.Poll(10000), "an event after the lock was lost");
                         renewEvent = S((byte[])((object[])listener.Read())[2]);
                         renewsAtLoss = Volatile.Read(ref spy.Renews);
-                        Thread.Sleep(600); // six renewal periods in which none may come
+                        Thread.Sleep(4000); // six renewal periods in which none may come
                         return (B("v"), TimeSpan.Zero);
                     });
                     Assert.Equal("v", S(v), "the caller gets the value");
