@@ -559,11 +559,14 @@ func TestMetrics_HolderFailureElsewhere(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("waiter not told within 5s (lock TTL 30s)")
 	}
-	eventually(t, 5*time.Second, "the waiter's flight to end", func() bool {
-		return sum(collect(t, wr, "mh"), "memolock.flights") == 0
+	tag := attr("tag", "mh")
+	// The flight answers its callers, and leaves the flights gauge, before
+	// it records how long it waited.
+	eventually(t, 5*time.Second, "the waiter's flight to end and record its wait", func() bool {
+		rm := collect(t, wr, "mh")
+		return sum(rm, "memolock.flights") == 0 && histCount(rm, "memolock.wait.duration", tag, attr("result", "error")) > 0
 	})
 	rm := collect(t, wr, "mh")
-	tag := attr("tag", "mh")
 	if n := sum(rm, "memolock.holder.failures", tag); n != 1 {
 		t.Errorf("waiter: holder.failures = %d, want 1", n)
 	}
