@@ -1451,47 +1451,64 @@ func TestClusterFaults_SlotsMigrated(t *testing.T) {
 		r.runUntilRound(2)
 		owners := r.slotOwners()
 		// The round whose slow ids on src will be computing, with
-		// waiters, when the slots start migrating.
-		var slow []string
+		// waiters, when the slots start migrating, and ids of the same
+		// round stored on src by then, read all through the migration.
+		// Both must hold at once: the slow ids' locks for a second, so on
+		// a loaded machine the callers can miss that window; then the
+		// setup moves on to a later round (at most four tries, logged).
+		srcRdb := rawClient(t, src.Addr)
+		var slow, stored, hot []string
+		moving := map[int64]bool{}
 		round := r.round() + 1
-		for ; ; round++ {
-			var ids []string
-			for i := range faultSlowIDs {
-				ids = append(ids, roundID(round, i))
+		for try := 1; ; try++ {
+			for ; ; round++ {
+				var ids []string
+				for i := range faultSlowIDs {
+					ids = append(ids, roundID(round, i))
+				}
+				if slow = r.idsOn(ids, owners, src.Addr); len(slow) >= 2 {
+					break
+				}
 			}
-			if slow = r.idsOn(ids, owners, src.Addr); len(slow) >= 2 {
+			stored = nil
+			for i := faultSlowIDs; i < faultIDs; i++ {
+				stored = append(stored, roundID(round, i))
+			}
+			stored = r.idsOn(stored, owners, src.Addr)[:10]
+			r.runUntilRound(round)
+			ready := func() bool {
+				for _, id := range slow {
+					placed, _ := r.client.wireID(id)
+					if srcRdb.Exists(bg(), r.client.keys.Lock(placed)).Val() == 0 {
+						return false
+					}
+				}
+				for _, id := range stored {
+					if srcRdb.Exists(bg(), r.valueKey(id)).Val() == 0 {
+						return false
+					}
+				}
+				return true
+			}
+			ok := ready()
+			for !ok && time.Now().Before(r.roundStart(round+3)) {
+				time.Sleep(2 * time.Millisecond)
+				ok = ready()
+			}
+			if ok {
 				break
 			}
+			if try == 4 {
+				t.Fatalf("in %d rounds, the slow ids' locks and the stored ids' values were never all there at once", try)
+			}
+			r.event("round %d: the slow ids' locks and the stored ids' values were not all there at once; trying a later round", round)
+			round = r.round() + 1
 		}
-		// Ids of the same round, stored on src by the time the slots
-		// start migrating, and read all through the migration.
-		var stored []string
-		for i := faultSlowIDs; i < faultIDs; i++ {
-			stored = append(stored, roundID(round, i))
-		}
-		stored = r.idsOn(stored, owners, src.Addr)[:10]
-		hot := r.idsOn(hotIDs(), owners, src.Addr)
+		hot = r.idsOn(hotIDs(), owners, src.Addr)
 		hot = hot[:min(len(hot), 5)]
-		moving := map[int64]bool{}
 		for _, s := range r.slots(slices.Concat(slow, stored, hot)) {
 			moving[s] = true
 		}
-		r.runUntilRound(round)
-		srcRdb := rawClient(t, src.Addr)
-		eventually(t, 5*time.Second, "the slow ids' locks, and the stored ids' values", func() bool {
-			for _, id := range slow {
-				placed, _ := r.client.wireID(id)
-				if srcRdb.Exists(bg(), r.client.keys.Lock(placed)).Val() == 0 {
-					return false
-				}
-			}
-			for _, id := range stored {
-				if srcRdb.Exists(bg(), r.valueKey(id)).Val() == 0 {
-					return false
-				}
-			}
-			return true
-		})
 		migrateSlots(t, nodes, moving, src, dst, func() {
 			r.event("%d slots migrating from %s to %s (slow ids %v, stored ids %v, hot ids %v)", len(moving), src.Addr, dst.Addr, slow, stored, hot)
 			r.runUntilRound(round + 2)
