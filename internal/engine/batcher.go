@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"strings"
 	"sync"
@@ -34,7 +35,7 @@ type batcher struct {
 
 type lookupCall struct {
 	keys      []string
-	args      []any
+	args      []any // nil: a plain GET of keys[0] (see get)
 	res       any
 	elsewhere bool // a redirection was followed: another node answered
 	err       error
@@ -54,6 +55,19 @@ func newBatcher(client *redis.Client, single redis.UniversalClient, stats *count
 // before the reply is read: the reply may say that a lock was just taken.
 // Callers that may leave early call it on a goroutine of their own.
 func (b *batcher) run(ctx context.Context, keys []string, args ...any) (any, bool, error) {
+	if args == nil {
+		args = []any{} // nil asks for a GET
+	}
+	return b.call(ctx, keys, args)
+}
+
+// get reads key with a plain GET, batched as lookups are: see
+// Engine.readFirst. A missing key is a nil reply with no error.
+func (b *batcher) get(ctx context.Context, key string) (any, bool, error) {
+	return b.call(ctx, []string{key}, nil)
+}
+
+func (b *batcher) call(ctx context.Context, keys []string, args []any) (any, bool, error) {
 	defer b.inflight.Add(-1)
 	if b.inflight.Add(1) == 1 {
 		return b.runAlone(ctx, keys, args)
@@ -79,6 +93,9 @@ func (b *batcher) run(ctx context.Context, keys []string, args ...any) (any, boo
 // cluster's client, and reported: another node answered, whose tracking
 // the L1 may not have.
 func (b *batcher) runAlone(ctx context.Context, keys []string, args []any) (any, bool, error) {
+	if args == nil {
+		return b.getAlone(ctx, keys[0])
+	}
 	res, err := wire.Acquire.Run(ctx, b.client, keys, args...).Result()
 	if err == nil || !redirected(err) {
 		return res, false, err
@@ -92,6 +109,33 @@ func (b *batcher) runAlone(ctx context.Context, keys []string, args []any) (any,
 	}
 	res, err = wire.Acquire.Run(ctx, b.single, keys, args...).Result()
 	return res, true, err
+}
+
+// getAlone is runAlone's GET.
+func (b *batcher) getAlone(ctx context.Context, key string) (any, bool, error) {
+	res, err := b.client.Get(ctx, key).Result()
+	if err == nil || errors.Is(err, redis.Nil) {
+		return nilIfMissing(res, err), false, nil
+	}
+	if !redirected(err) {
+		return nil, false, err
+	}
+	if b.moved != nil && strings.HasPrefix(err.Error(), "MOVED ") {
+		b.moved()
+	}
+	res, err = b.single.Get(ctx, key).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, true, nil
+	}
+	return nilIfMissing(res, err), true, err
+}
+
+// nilIfMissing is a GET's reply as the batcher gives it: the value, or nil.
+func nilIfMissing(v string, err error) any {
+	if err != nil {
+		return nil
+	}
+	return v
 }
 
 // loop sends batches until the queue is empty.
@@ -131,13 +175,26 @@ func (b *batcher) send(batch []*lookupCall) {
 	}
 	b.stats.batched.Add(int64(len(batch)))
 	pipe := b.client.Pipeline()
-	cmds := make([]*redis.Cmd, len(batch))
+	cmds := make([]redis.Cmder, len(batch))
 	for i, lc := range batch {
-		cmds[i] = wire.Acquire.EvalSha(ctx, pipe, lc.keys, lc.args...)
+		if lc.args == nil {
+			cmds[i] = pipe.Get(ctx, lc.keys[0])
+		} else {
+			cmds[i] = wire.Acquire.EvalSha(ctx, pipe, lc.keys, lc.args...)
+		}
 	}
 	_, _ = pipe.Exec(ctx)
 	for i, lc := range batch {
-		lc.res, lc.err = cmds[i].Result()
+		switch c := cmds[i].(type) {
+		case *redis.StringCmd:
+			v, err := c.Result()
+			lc.res, lc.err = nilIfMissing(v, err), err
+			if errors.Is(err, redis.Nil) {
+				lc.err = nil
+			}
+		case *redis.Cmd:
+			lc.res, lc.err = c.Result()
+		}
 		if lc.err != nil && (strings.HasPrefix(lc.err.Error(), "NOSCRIPT") || redirected(lc.err)) {
 			lc.res, lc.elsewhere, lc.err = b.runAlone(ctx, lc.keys, lc.args)
 		}

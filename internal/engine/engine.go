@@ -26,6 +26,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -60,7 +61,8 @@ type Engine struct {
 
 	flights   group
 	callbacks runner
-	work      work // flights' goroutines and other work Close waits for, boundedly
+	hints     hints // ids found lately: see hints.go
+	work      work  // flights' goroutines and other work Close waits for, boundedly
 	stats     counters
 	staleLog  quiet // stale values served, logged at most every quietEvery
 	onWaitLog quiet // OnWait's panics, the same
@@ -82,6 +84,7 @@ type Engine struct {
 // New returns an engine for cfg, which package memolock has validated.
 func New(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: cfg, keys: cfg.Keys, log: cfg.Log, closed: make(chan struct{})}
+	e.hints.seed = maphash.MakeSeed()
 	e.lifetime, e.endLifetime = context.WithCancel(context.Background())
 	e.flights.answers = &e.stats
 	e.proto = wire.New(cfg.rdb(), cfg.Keys, cfg.Cluster != nil, cfg.StaleTTL, cfg.RefreshAhead)

@@ -23,9 +23,12 @@ type flight struct {
 	key   string     // as sent to Redis (hashed with HashIDs, placed with HashTags)
 	token string     // the lock token of every attempt this flight makes
 	kind  flightKind // what the flight is for
-	fetch Fetcher
-	start StartFunc  // external-producer mode when set
-	span  trace.Span // the leader's Get span; nil when not traced
+	// looked is set by the flight's first lookup: only that one may be a
+	// plain GET (see hints.go). Only the lookups touch it.
+	looked bool
+	fetch  Fetcher
+	start  StartFunc  // external-producer mode when set
+	span   trace.Span // the leader's Get span; nil when not traced
 	// claim is the span token names, when the leader's Get is traced:
 	// started before the first lookup, it becomes the fetch span if the
 	// flight computes, or ends as "memolock.lookup" (see claimSpan). Only

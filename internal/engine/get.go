@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/memolock/memolock/internal/l1"
 	"github.com/memolock/memolock/internal/wire"
@@ -264,7 +265,18 @@ func (e *Engine) lookup(ctx context.Context, f *flight) attempt {
 	if e.l1 != nil && f.l1From == nil {
 		f.l1, f.l1From = e.snap(n, f.key), n // before anything is read
 	}
+	reads := e.readsFirst(f)
+	if reads && !f.looked {
+		if a, ok := e.readFirst(ctx, f, n); ok {
+			f.looked = true
+			return a
+		}
+	}
+	f.looked = true
 	a := e.lookupOn(ctx, f, n)
+	if reads && a.err == nil && a.r.Kind == wire.Hit {
+		e.hints.found(f.key, time.Now().UnixNano())
+	}
 	if e.l1 != nil && (n != f.l1From || a.r.Elsewhere) {
 		// Read from a node whose invalidations the snap did not follow.
 		f.l1 = l1.Snap{}
