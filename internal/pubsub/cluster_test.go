@@ -22,7 +22,12 @@ type clusterRig struct {
 
 func startClusterRig(t *testing.T, cfg Config) *clusterRig {
 	t.Helper()
-	nodes := redistest.StartCluster(t, 3)
+	return rigOn(t, redistest.StartCluster(t, 3), cfg)
+}
+
+// rigOn is startClusterRig on a cluster of the caller's.
+func rigOn(t *testing.T, nodes []*redistest.Server, cfg Config) *clusterRig {
+	t.Helper()
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr}}) // RESP3, the default
 	if cfg.Health == 0 {
 		cfg.Health = time.Minute
@@ -382,13 +387,8 @@ func TestClusterNamedUnsubscribeForAUserWhoMayNotPing(t *testing.T) {
 // the new master, which hears the value.
 func TestClusterWatchOnADemotedMasterMoves(t *testing.T) {
 	nodes := redistest.StartClusterWithReplicas(t, 3, 1)
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr}})
-	r := NewRouter(cc, Config{Health: time.Minute})
-	t.Cleanup(func() {
-		r.Close(5 * time.Second)
-		_ = cc.Close()
-	})
-	cr := &clusterRig{nodes: nodes, cc: cc, r: r}
+	cr := rigOn(t, nodes, Config{})
+	cc, r := cr.cc, cr.r
 	old, err := cc.MasterForKey(bg, "{x}")
 	if err != nil {
 		t.Fatal(err)
@@ -460,13 +460,8 @@ func replicaOf(t *testing.T, nodes []*redistest.Server, master *redistest.Server
 // the audit that moves it.
 func TestClusterRedirectAuditsWatches(t *testing.T) {
 	nodes := redistest.StartClusterWithReplicas(t, 3, 1)
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr}})
-	r := NewRouter(cc, Config{Health: time.Minute})
-	t.Cleanup(func() {
-		r.Close(5 * time.Second)
-		_ = cc.Close()
-	})
-	cr := &clusterRig{nodes: nodes, cc: cc, r: r}
+	cr := rigOn(t, nodes, Config{})
+	cc, r := cr.cc, cr.r
 	old, err := cc.MasterForKey(bg, "{y}")
 	if err != nil {
 		t.Fatal(err)
