@@ -106,9 +106,20 @@ const faultMasters = 3
 // refuses every command (CLUSTERDOWN) from the moment a master is marked
 // failed until its replica took over, plain GETs as much as memolock, and
 // no client can keep one node's trouble on that node.
+//
+// The nodes time each other out after faultNodeTimeout, not redistest's
+// 1 s. With one master dead, a healthy master that misses a second one's
+// pongs for that long (a starved process, under .ci/under-load) counts
+// itself in a minority and refuses every command, CLUSTERDOWN, plain GETs
+// as much as memolock's: seen under load with 1 s, for calls to healthy
+// masters. Redis's default is 15 s; 3 s keeps failovers quick.
 func startFaultCluster(t *testing.T) []*redistest.Server {
-	return redistest.StartClusterWithReplicas(t, faultMasters, 1, "--cluster-require-full-coverage", "no")
+	return redistest.StartClusterWithReplicas(t, faultMasters, 1, "--cluster-require-full-coverage", "no",
+		"--cluster-node-timeout", strconv.Itoa(int(faultNodeTimeout.Milliseconds())))
 }
+
+// faultNodeTimeout is the fault cluster's cluster-node-timeout.
+const faultNodeTimeout = 3 * time.Second
 
 // faultSpec is what one child process is told (as JSON in its environment).
 type faultSpec struct {
@@ -1220,12 +1231,22 @@ func (r *faultRun) check(rep *faultReport, fc faultChecks) {
 	if dups > 0 {
 		t.Errorf("%d ids computed more than once", dups)
 	}
-	r.checkCoherence(rep)
+	r.checkCoherence(rep, fc.sick)
 }
 
 // checkCoherence checks every read of a hot id against the writes: a read
 // that began more than l1Bound after a newer version was written is stale.
-func (r *faultRun) checkCoherence(rep *faultReport) {
+//
+// A read served from Redis gets what its flight's lookup found, and a
+// caller may join the flight until the flight has answered: a flight
+// whose process is starved of CPU between reading the lookup's reply and
+// answering serves a value older than the caller (seen once under
+// .ci/under-load: 1.29 s, while plain GETs from that process took up to
+// 1.9 s). Such a read is excused if it is not older than l1Bound plus the
+// slowest control GET from its own process to a healthy master (not one
+// of sick) between the write and the read. A read from the L1 has no
+// excuse: the L1 must drop an overwritten value within l1Bound.
+func (r *faultRun) checkCoherence(rep *faultReport, sick []string) {
 	t := r.t
 	w := r.writer
 	w.mu.Lock()
@@ -1251,6 +1272,16 @@ func (r *faultRun) checkCoherence(rep *faultReport) {
 		}
 		if newer < 0 || h.start <= newer+int64(l1Bound) {
 			continue
+		}
+		if h.served != ServedL1 {
+			child := slices.Index(r.names, h.child)
+			ctl := rep.controlMax(child, r.t0.UnixNano(), sick, newer, time.Duration(h.start-newer))
+			if h.start <= newer+int64(l1Bound+ctl) {
+				t.Logf("%s read version %d (served %v) at %.2fs in %s, %v after a newer version was written: excused, a plain GET from that process to a healthy master took up to %v meanwhile",
+					h.id, h.version, h.served, time.Duration(h.start-r.t0.UnixNano()).Seconds(), h.child,
+					time.Duration(h.start-newer).Round(time.Millisecond), ctl)
+				continue
+			}
 		}
 		stale++
 		if stale <= 5 {
