@@ -171,8 +171,14 @@ namespace MemoLockNet
                     if (w.HolderEndedFirst(out ended)) return ended;
                     if (Flights.Retire(f)) { w.Own = true; return Next.Fail(new AbandonedException()); }
                     w.Takeover();
+                    // The lock is ours from here: a value the producer
+                    // publishes while start runs must end the flight through
+                    // the wait, which releases the lock with its linger, and
+                    // not from the subscriber thread (OnValue), after which
+                    // the lock went with an abandon event (seen under load).
+                    w.Own = true;
                     var err = StartExternal(f);
-                    if (err != null) return Next.Fail(err);
+                    if (err != null) { w.Own = false; return Next.Fail(err); }
                     r = new AcquireReply { Kind = ReplyKind.Busy, Pttl = LockTtlMs, Holder = f.Token };
                 }
                 var n = w.WaitFor(r);

@@ -43,7 +43,7 @@ namespace MemoLockNet
                     Next n;
                     if (OnEvents(c.Sub.Take(w), out n)) return n;
                 }
-                else if (i == 1) return f.Err != null ? Next.Fail(f.Err) : Next.Value(f.Val);
+                else if (i == 1) return f.Err != null ? Next.Fail(f.Err) : Value(f.Val); // a lock of ours lingers, as on any value
                 else return Next.Fail(c.Ended());
             }
         }

@@ -593,7 +593,7 @@ namespace MemoLockTests
             using (var rdb = new SpyTransport(srv.Url()))
             using (var c = new MemoLock(rdb, "t"))
             {
-                srv.Call("SET", "t/lock:fx", "someone", "PX", "400");
+                srv.Call("SET", "t/lock:fx", "someone", "PX", "2000"); // long enough that the flight waits on it, even on a loaded machine
                 var listener = RespConnection.Open(srv.Url(), 5000);
                 try
                 {
