@@ -2,6 +2,7 @@ package memolock
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -121,6 +122,17 @@ func TestGet_AnIDFoundLatelyIsReadWithAPlainGET(t *testing.T) {
 			if got := names.since(); slices.Contains(got, "get") {
 				t.Fatalf("the hint outlived a GET that missed: %v", got)
 			}
+			// Delete drops the hint: no GET that would find nothing.
+			get()
+			names.since()
+			if _, err := c.Delete(bg(), "a"); err != nil {
+				t.Fatal(err)
+			}
+			names.since()
+			get()
+			if got := names.since(); slices.Contains(got, "get") {
+				t.Fatalf("the hint outlived Delete: %v", got)
+			}
 		})
 	}
 }
@@ -146,5 +158,52 @@ func TestGet_LookupsThatNeedMoreThanTheValueNeverReadFirst(t *testing.T) {
 				t.Fatalf("sent %v; want no GET", got)
 			}
 		})
+	}
+}
+
+// TestGet_ReadsFirstAreNotCountedAsBatchedLookups: Stats.Batched counts
+// lookups (acquire scripts) sent in a pipeline with others; GETs read first
+// travel in the same pipelines but are not lookups.
+func TestGet_ReadsFirstAreNotCountedAsBatchedLookups(t *testing.T) {
+	be := realBackend(t)
+	c, names := namedClient(t, be.addr, nil)
+	var calls atomic.Int64
+	for i := range 64 {
+		for range 2 { // computed, then found by the script: hinted
+			if _, err := c.Get(bg(), fmt.Sprint("hot", i), constFetch(&calls, "v", 0)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	names.since()
+	batched := c.Stats().Batched
+	var wg sync.WaitGroup
+	for i := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 200 {
+				if _, err := c.Get(bg(), fmt.Sprint("hot", i), constFetch(&calls, "v", 0)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	scripts, gets := 0, 0
+	for _, n := range names.since() {
+		switch n {
+		case "evalsha", "eval":
+			scripts++
+		case "get":
+			gets++
+		}
+	}
+	if gets == 0 {
+		t.Fatal("no GET was read first: the test proves nothing")
+	}
+	if b := c.Stats().Batched - batched; b > int64(scripts) {
+		t.Errorf("Stats.Batched grew by %d, but only %d acquire scripts were sent (and %d GETs)", b, scripts, gets)
 	}
 }

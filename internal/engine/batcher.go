@@ -173,16 +173,18 @@ func (b *batcher) send(batch []*lookupCall) {
 		close(lc.done)
 		return
 	}
-	b.stats.batched.Add(int64(len(batch)))
 	pipe := b.client.Pipeline()
 	cmds := make([]redis.Cmder, len(batch))
+	scripts := 0
 	for i, lc := range batch {
 		if lc.args == nil {
 			cmds[i] = pipe.Get(ctx, lc.keys[0])
 		} else {
 			cmds[i] = wire.Acquire.EvalSha(ctx, pipe, lc.keys, lc.args...)
+			scripts++
 		}
 	}
+	b.stats.batched.Add(int64(scripts)) // lookups (Stats.Batched): reads first are not
 	_, _ = pipe.Exec(ctx)
 	for i, lc := range batch {
 		switch c := cmds[i].(type) {

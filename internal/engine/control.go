@@ -57,6 +57,7 @@ func (e *Engine) Delete(ctx context.Context, key string) (bool, error) {
 		})
 	})
 	e.forget(key) // whatever happened, as the write may have run
+	e.hints.missed(key)
 	if err != nil {
 		return false, err // deleted may still be written by the call left behind
 	}

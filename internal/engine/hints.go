@@ -92,6 +92,11 @@ func (e *Engine) readFirst(ctx context.Context, f *flight, n *node) (attempt, bo
 		return attempt{}, false
 	}
 	res, elsewhere, err := n.batch.get(ctx, f.lookupKeys[0])
+	if err != nil && slotMoving(err) {
+		// A slot being resharded: the script's lookup knows how to wait
+		// for it (lookupMigrating).
+		return attempt{}, false
+	}
 	if err != nil {
 		n.down.report(err)
 		return attempt{err: fmt.Errorf("%w: reading %s: %w", wire.ErrRedis, wire.Quote(f.lookupKeys[0]), err)}, true
