@@ -246,6 +246,7 @@ func (c *idCalls) merge(o *idCalls) {
 // hotRead is the last read of one version of a hot id in a child.
 type hotRead struct {
 	start  int64 // Unix ns
+	took   int64 // ns
 	served Served
 }
 
@@ -447,7 +448,7 @@ func runFaultChild(raw string) {
 	}
 	for id, vs := range all.hot {
 		for v, hr := range vs {
-			fmt.Fprintf(out, "hot %s %d %d %d\n", id, v, hr.start, hr.served)
+			fmt.Fprintf(out, "hot %s %d %d %d %d\n", id, v, hr.start, hr.served, hr.took)
 		}
 	}
 	for id, ic := range all.ids {
@@ -494,7 +495,7 @@ func faultCaller(c *Client, t0 int64, g int, rec *faultRecorder, fetch func(stri
 				if rec.hot[id] == nil {
 					rec.hot[id] = map[int]hotRead{}
 				}
-				rec.hot[id][version] = hotRead{start: start.UnixNano(), served: r.Served}
+				rec.hot[id][version] = hotRead{start: start.UnixNano(), took: int64(time.Since(start)), served: r.Served}
 			}
 		case g%10 == 9:
 			ids := make([]string, 10)
@@ -992,7 +993,7 @@ func (r *faultRun) stop() *faultReport {
 			case "hot":
 				h := hotReadOf{child: r.names[p]}
 				var served int
-				if _, err := fmt.Sscanf(rest, "%s %d %d %d", &h.id, &h.version, &h.start, &served); err != nil {
+				if _, err := fmt.Sscanf(rest, "%s %d %d %d %d", &h.id, &h.version, &h.start, &served, &h.took); err != nil {
 					r.t.Fatalf("child line %q: %v", line, err)
 				}
 				h.served = Served(served)
@@ -1285,9 +1286,10 @@ func (r *faultRun) checkCoherence(rep *faultReport, sick []string) {
 		}
 		stale++
 		if stale <= 5 {
-			t.Errorf("%s read version %d (served %v) at %.2fs in %s, %v after a newer version was written (at %.2fs)",
+			t.Errorf("%s read version %d (served %v) at %.2fs in %s, %v after a newer version was written (at %.2fs); the call took %v",
 				h.id, h.version, h.served, time.Duration(h.start-r.t0.UnixNano()).Seconds(), h.child,
-				time.Duration(h.start-newer).Round(time.Millisecond), time.Duration(newer-r.t0.UnixNano()).Seconds())
+				time.Duration(h.start-newer).Round(time.Millisecond), time.Duration(newer-r.t0.UnixNano()).Seconds(),
+				time.Duration(h.took).Round(time.Millisecond))
 		}
 	}
 	if stale > 0 {
