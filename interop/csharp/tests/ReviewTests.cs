@@ -629,6 +629,46 @@ namespace MemoLockTests
         }
     
         /// <summary>
+        /// External mode: from the moment the flight takes the lock over, the
+        /// lock is the flight's own, so a value its producer publishes while
+        /// start still runs answers no caller until start has returned and
+        /// the flight has released its lock, with the linger. Answered from
+        /// the subscriber thread at once, the callers raced the wait, which
+        /// could then end without releasing (the lock went with an abandon
+        /// event, seen under load).
+        /// </summary>
+        [Test]
+        static void External_ValueDuringStartWaitsForTheRelease()
+        {
+            using (var srv = new RedisServer())
+            using (var rdb = new SpyTransport(srv.Url()))
+            using (var c = new MemoLock(rdb, "t"))
+            {
+                srv.Call("SET", "t/lock:fz", "someone", "PX", "2000");
+                var listener = RespConnection.Open(srv.Url(), 5000);
+                listener.Call("SUBSCRIBE", "t/lock-event:fz");
+                string token = null;
+                bool answeredDuringStart = false;
+                System.Threading.Tasks.Task<byte[]> call = null;
+                call = System.Threading.Tasks.Task.Run(() => c.GetExternal("fz", l =>
+                {
+                    token = l.Token;
+                    srv.Call("SET", "t:fz", "fast");
+                    srv.Call("PUBLISH", "t/notif:fz", "fast");
+                    Assert.Eventually(() => Volatile.Read(ref rdb.Messages) >= 1, 20, "the value reached the subscriber");
+                    // The subscriber thread hands a message on right after it
+                    // reads it; give a wrong hand-over time to show.
+                    answeredDuringStart = call.Wait(500);
+                }, TimeSpan.FromSeconds(10)));
+                Assert.Equal("fast", S(call.Result), "value");
+                Assert.True(!answeredDuringStart, "the caller was answered while start still ran");
+                Assert.True(S((byte[])srv.Call("GET", "t/lock:fz")) != token, "the lock was released before the caller was answered");
+                Assert.True(!listener.Poll(300), "no abandon event: the lock was released with its linger");
+                listener.Dispose();
+            }
+        }
+
+        /// <summary>
         /// A reply that does not match, in order, what was sent (a client
         /// library that resubscribed by itself would show one) replaces the
         /// connection, and the wait still re-reads and gets its value.
