@@ -43,6 +43,10 @@ func TestMain(m *testing.M) {
 		runTraceChild(addr)
 		return
 	}
+	if addr := os.Getenv(globalTraceChildEnv); addr != "" {
+		runGlobalTraceChild(addr)
+		return
+	}
 	// go-redis logs every failed dial; the outage tests make many on purpose.
 	redis.SetLogger(quietLogger{})
 	goleak.VerifyTestMain(m)

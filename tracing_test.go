@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -267,6 +269,60 @@ func TestTracing_WaiterLinksToHolderInAnotherProcess(t *testing.T) {
 	}
 	if !linked {
 		t.Errorf("waiter's links %v do not name the holder's fetch span %s/%s (token %q)", w.Links(), traceID, fetchSpan, holderToken)
+	}
+}
+
+// globalTraceChildEnv makes the test binary the child of
+// TestTracing_GlobalProviderSetAfterNew, which sets the global tracer
+// provider: no other test's may change under it.
+const globalTraceChildEnv = "MEMOLOCK_GLOBAL_TRACE_CHILD"
+
+// runGlobalTraceChild makes a client with the default TracerProvider
+// (the global one, no SDK set), serves a Get, then sets an SDK as the
+// global provider and serves another. It prints the Get spans each made.
+func runGlobalTraceChild(addr string) {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	c, err := New(rdb, "trg", nil)
+	if err != nil {
+		fmt.Println("error", err)
+		return
+	}
+	defer c.Close()
+	val := func(context.Context, *Lease) ([]byte, time.Duration, error) { return []byte("v"), time.Minute, nil }
+	if _, err := c.Get(context.Background(), "before", val); err != nil {
+		fmt.Println("error", err)
+		return
+	}
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	otel.SetTracerProvider(tp)
+	if _, err := c.Get(context.Background(), "after", val); err != nil {
+		fmt.Println("error", err)
+		return
+	}
+	var ids []string
+	for _, s := range spansNamed(rec, "memolock.Get") {
+		v, _ := spanAttr(s, "memolock.id")
+		ids = append(ids, v.AsString())
+	}
+	fmt.Println("spans", strings.Join(ids, ","), len(spansNamed(rec, "memolock.fetch")))
+}
+
+// A client made with the default TracerProvider before the application
+// sets its SDK as the global provider traces the calls made after: a
+// client does not start spans while no SDK is set (they would record
+// nothing), but asks again on every call.
+func TestTracing_GlobalProviderSetAfterNew(t *testing.T) {
+	srv := miniBackend(t)
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), globalTraceChildEnv+"="+srv.addr)
+	out, err := child.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child: %v: %s", err, out)
+	}
+	if got := strings.TrimSpace(string(out)); got != "spans after 1" {
+		t.Fatalf("child printed %q; want the one Get made after the SDK was set traced, with its fetch (\"spans after 1\")", got)
 	}
 }
 

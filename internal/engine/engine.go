@@ -69,6 +69,10 @@ type Engine struct {
 
 	meters *meters
 	tracer trace.Tracer
+	// unset is the global provider as it was before any SDK was set, when
+	// that is the provider: its spans record nothing until
+	// otel.SetTracerProvider, so a Get need not start one (see trace).
+	unset trace.TracerProvider
 	// spanOpts and fetchSpanOpts start the Get and fetch spans: made
 	// once, so that a call with a no-op tracer allocates nothing for them.
 	spanOpts, fetchSpanOpts []trace.SpanStartOption
@@ -117,6 +121,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	tag := e.keys.Tag()
 	e.tracer = cfg.TracerProvider.Tracer(Scope, trace.WithInstrumentationVersion(Version))
+	if isUnsetGlobal(cfg.TracerProvider) {
+		e.unset = cfg.TracerProvider
+	}
 	var err error
 	if e.meters, err = newMeters(cfg.MeterProvider, e); err != nil {
 		// A provider that cannot make the instruments costs the metrics,

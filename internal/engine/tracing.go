@@ -3,10 +3,12 @@ package engine
 import (
 	"context"
 	"errors"
+	"reflect"
 	"strings"
 	"time"
 
 	"github.com/memolock/memolock/internal/wire"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -48,6 +50,11 @@ func (e *Engine) begin(cl *callSpan, ctx context.Context) {
 
 // trace starts cl's span, and keeps it if it records.
 func (e *Engine) trace(cl *callSpan, id string) {
+	if e.unset != nil && otel.GetTracerProvider() == e.unset {
+		// No SDK yet: the span would record nothing, and starting it
+		// costs two allocations a flight (a mass miss starts thousands).
+		return
+	}
 	if ctx, span := e.tracer.Start(cl.ctx, "memolock.Get", e.spanOpts...); span.IsRecording() {
 		span.SetAttributes(attribute.String("memolock.id", id))
 		cl.ctx, cl.span = ctx, span
@@ -196,4 +203,16 @@ func firstLine(s string) string {
 		return s[:i]
 	}
 	return s
+}
+
+// isUnsetGlobal reports whether tp is the global tracer provider while no
+// SDK has been set: otel's own delegating provider, which
+// otel.GetTracerProvider returns until otel.SetTracerProvider replaces it
+// (the two stop being equal then, and it delegates to the SDK).
+func isUnsetGlobal(tp trace.TracerProvider) bool {
+	if tp != otel.GetTracerProvider() {
+		return false
+	}
+	t := reflect.TypeOf(tp)
+	return t.Kind() == reflect.Pointer && t.Elem().PkgPath() == "go.opentelemetry.io/otel/internal/global" && t.Elem().Name() == "tracerProvider"
 }
