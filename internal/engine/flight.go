@@ -21,7 +21,7 @@ import (
 type flight struct {
 	id    string     // as the caller gave it
 	key   string     // as sent to Redis (hashed with HashIDs, placed with HashTags)
-	token string     // the lock token of every attempt this flight makes
+	token string     // the lock token of every attempt this flight makes: made at its first script (see lookup), or at its start if traced
 	kind  flightKind // what the flight is for
 	// looked is set by the flight's first lookup: only that one may be a
 	// plain GET (see hints.go). Only the lookups touch it.

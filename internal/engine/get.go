@@ -254,14 +254,6 @@ func (e *Engine) lookup(ctx context.Context, f *flight) attempt {
 	if err != nil {
 		return attempt{err: err}
 	}
-	if f.lookupKeys == nil {
-		window := e.cfg.RefreshAhead
-		if f.kind != forGet || f.start != nil {
-			window = 0 // only Get refreshes ahead: see refresh
-		}
-		f.lookupKeys = e.keys.ID(f.key)
-		f.lookupArgs = e.proto.AcquireArgs(f.token, e.cfg.LockTTL, window, e.l1 != nil)
-	}
 	if e.l1 != nil && f.l1From == nil {
 		f.l1, f.l1From = e.snap(n, f.key), n // before anything is read
 	}
@@ -273,6 +265,18 @@ func (e *Engine) lookup(ctx context.Context, f *flight) attempt {
 		}
 	}
 	f.looked = true
+	if f.lookupKeys == nil {
+		// Made at the first script: a hit read first needs none of it.
+		window := e.cfg.RefreshAhead
+		if f.kind != forGet || f.start != nil {
+			window = 0 // only Get refreshes ahead: see refresh
+		}
+		if f.token == "" {
+			f.token = wire.NewToken()
+		}
+		f.lookupKeys = e.keys.ID(f.key)
+		f.lookupArgs = e.proto.AcquireArgs(f.token, e.cfg.LockTTL, window, e.l1 != nil)
+	}
 	a := e.lookupOn(ctx, f, n)
 	if reads && a.err == nil && a.r.Kind == wire.Hit {
 		e.hints.found(f.key, time.Now().UnixNano())

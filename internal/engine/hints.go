@@ -91,7 +91,8 @@ func (e *Engine) readFirst(ctx context.Context, f *flight, n *node) (attempt, bo
 	if !e.hints.fresh(f.key, now) {
 		return attempt{}, false
 	}
-	res, elsewhere, err := n.batch.get(ctx, f.lookupKeys[0])
+	key := e.keys.Value(f.key)
+	res, elsewhere, err := n.batch.get(ctx, key)
 	if err != nil && slotMoving(err) {
 		// A slot being resharded: the script's lookup knows how to wait
 		// for it (lookupMigrating).
@@ -99,7 +100,7 @@ func (e *Engine) readFirst(ctx context.Context, f *flight, n *node) (attempt, bo
 	}
 	if err != nil {
 		n.down.report(err)
-		return attempt{err: fmt.Errorf("%w: reading %s: %w", wire.ErrRedis, wire.Quote(f.lookupKeys[0]), err)}, true
+		return attempt{err: fmt.Errorf("%w: reading %s: %w", wire.ErrRedis, wire.Quote(key), err)}, true
 	}
 	v, ok := res.(string)
 	if !ok {

@@ -100,7 +100,8 @@ func (e *Engine) record(cl *callSpan, served Served, err error) {
 }
 
 // claimSpan returns the token of flight f, led by a call whose span is
-// f.span, and the span it names, if that call is traced. The fetch span
+// f.span, and the span it names, if that call is traced (if not, no
+// token: lookup makes one for the first script). The fetch span
 // cannot be named in advance (the SDK picks span ids), and the token must
 // be fixed before the first lookup, which may win the lock: so the span
 // named is started now, as "memolock.fetch". If the flight computes, it
@@ -108,7 +109,7 @@ func (e *Engine) record(cl *callSpan, served Served, err error) {
 // flight's lookups and wait.
 func (e *Engine) claimSpan(ctx context.Context, f *flight) (string, trace.Span) {
 	if f.span == nil || !f.span.IsRecording() {
-		return wire.NewToken(), nil
+		return "", nil // made at the first script (see lookup): a hit read first needs none
 	}
 	_, span := e.fetchSpan(ctx, f)
 	return flightToken(span), span
