@@ -396,14 +396,20 @@ func runFaultChild(raw string) {
 			return []byte("v of " + id), time.Minute, nil
 		}
 	}
-	var wg sync.WaitGroup
+	// The control GETs go on until the last call has returned: a call
+	// that began just before "stop" is judged against what plain GETs
+	// from this process met while it ran (seen under load: calls begun as
+	// the child stopped took 3.4 s, and the controls, stopped with them,
+	// had measured only the first 150 ms of that).
+	var wg, controlWG sync.WaitGroup
+	var controlStop atomic.Bool
 	var controlMu sync.Mutex
 	controls := map[string]map[int64]time.Duration{}
 	for addr, key := range controlKeys {
-		wg.Add(1)
+		controlWG.Add(1)
 		go func() {
-			defer wg.Done()
-			slowest := faultControl(rdb, key, t0, &stop)
+			defer controlWG.Done()
+			slowest := faultControl(rdb, key, t0, &controlStop)
 			controlMu.Lock()
 			controls[addr] = slowest
 			controlMu.Unlock()
@@ -420,6 +426,8 @@ func runFaultChild(raw string) {
 		}()
 	}
 	wg.Wait()
+	controlStop.Store(true)
+	controlWG.Wait()
 	st := c.Stats()
 	_ = c.Close()
 	all := newFaultRecorder()
@@ -1609,7 +1617,7 @@ func TestClusterFaults_SlotsMigrated(t *testing.T) {
 		// round stored on src by then, read all through the migration.
 		// Both must hold at once: the slow ids' locks for a second, so on
 		// a loaded machine the callers can miss that window; then the
-		// setup moves on to a later round (at most four tries, logged).
+		// setup moves on to a later round (at most six tries, logged).
 		srcRdb := rawClient(t, src.Addr)
 		var slow, stored, hot []string
 		moving := map[int64]bool{}
@@ -1629,20 +1637,38 @@ func TestClusterFaults_SlotsMigrated(t *testing.T) {
 				stored = append(stored, roundID(round, i))
 			}
 			stored = r.idsOn(stored, owners, src.Addr)[:10]
+			// The slots are known before the wait, so that the migration
+			// begins as soon as the wait ends.
+			hot = r.idsOn(hotIDs(), owners, src.Addr)
+			hot = hot[:min(len(hot), 5)]
+			clear(moving)
+			for _, s := range r.slots(slices.Concat(slow, stored, hot)) {
+				moving[s] = true
+			}
 			r.runUntilRound(round)
+			// ready: every slow lock held, seen first at most
+			// slowLockFresh ago (a lock held for most of its fetch may
+			// be gone by the time the slots are MIGRATING), and every
+			// stored value there.
+			const slowLockFresh = faultSlow / 2
+			var locksSince time.Time // when every slow lock was first seen held
 			ready := func() bool {
 				for _, id := range slow {
 					placed, _ := r.client.wireID(id)
 					if srcRdb.Exists(bg(), r.client.keys.Lock(placed)).Val() == 0 {
+						locksSince = time.Time{}
 						return false
 					}
+				}
+				if locksSince.IsZero() {
+					locksSince = time.Now()
 				}
 				for _, id := range stored {
 					if srcRdb.Exists(bg(), r.valueKey(id)).Val() == 0 {
 						return false
 					}
 				}
-				return true
+				return time.Since(locksSince) < slowLockFresh
 			}
 			ok := ready()
 			for !ok && time.Now().Before(r.roundStart(round+3)) {
@@ -1652,16 +1678,11 @@ func TestClusterFaults_SlotsMigrated(t *testing.T) {
 			if ok {
 				break
 			}
-			if try == 4 {
-				t.Fatalf("in %d rounds, the slow ids' locks and the stored ids' values were never all there at once", try)
+			if try == 6 {
+				t.Fatalf("in %d rounds, the slow ids' locks (taken within %v) and the stored ids' values were never all there at once", try, slowLockFresh)
 			}
-			r.event("round %d: the slow ids' locks and the stored ids' values were not all there at once; trying a later round", round)
+			r.event("round %d: the slow ids' locks (taken within %v) and the stored ids' values were not all there at once; trying a later round", round, slowLockFresh)
 			round = r.round() + 1
-		}
-		hot = r.idsOn(hotIDs(), owners, src.Addr)
-		hot = hot[:min(len(hot), 5)]
-		for _, s := range r.slots(slices.Concat(slow, stored, hot)) {
-			moving[s] = true
 		}
 		migrateSlots(t, nodes, moving, src, dst, func() {
 			held := 0
