@@ -1,5 +1,6 @@
 """Regression tests from a hostile review: each failed before its fix."""
 
+import asyncio
 import os
 import signal
 import socket
@@ -8,10 +9,12 @@ import threading
 import time
 
 import pytest
+import redis.asyncio as aredis
 
 import memolock
 from memolock import protocol as P
 from conftest import PKG_ROOT, PYTHON
+from test_async import arun, until as auntil
 from test_client import run_thread, until
 
 WAIT = 20
@@ -216,3 +219,138 @@ def test_external_release_linger_bounded_by_value(rdb, tag):
         rdb.delete(f"{tag}:e")
         rdb.set(f"{tag}/lock:e", b"done:somebody", px=20000)
         assert c.get("e", lambda lease: (b"fresh", 0), timeout=2) == b"fresh"
+
+
+def _collected(c, channel):
+    """Whether the client's subscriber has read a message on channel into a watch."""
+    with c._sub._mu:
+        return any(w.messages for w in c._sub._watches.get(channel, ()))
+
+
+def _lingers(rdb, lock, token, since):
+    """Whether lock is done:token for at most the linger, or (a loaded
+    machine) gone when the linger since `since` is over."""
+    val, pttl = rdb.pipeline().get(lock).pttl(lock).execute()
+    if val is None:
+        return time.monotonic() - since >= P.LINGER_MS / 1000
+    return val == b"done:" + token and 0 < pttl <= P.LINGER_MS
+
+
+def _events_of(listener, token):
+    """The events naming token that listener (a subscribed PubSub) has
+    received: a PING behind them returns only after all published before."""
+    listener.ping(b"drained")
+    out = []
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        m = listener.get_message(timeout=1)
+        if m is None:
+            continue
+        if m["type"] == "pong":
+            return out
+        if m["type"] == "message" and P.parse_event(m["data"])[1] == token:
+            out.append(m["data"])
+    raise AssertionError("the listener's PING did not come back")
+
+
+@pytest.mark.parametrize("what", ["value", "fail"])
+def test_external_message_during_start_waits_for_the_release(rdb, tag, what):
+    # The C# peer's race (7ed5381): a value its producer published while
+    # start ran, on a subscription already live (the flight waited on
+    # another holder first), answered the callers from the subscriber
+    # thread, and the lock then went with an abandon event. Here the
+    # subscriber only collects messages; the flight reads them after start,
+    # in its wait, on a lock that busy() marks as its own: a value releases
+    # it with the linger ([E2]), a fail event deletes it with no event ([E3]).
+    lock, notif, events = f"{tag}/lock:fz", f"{tag}/notif:fz", f"{tag}/lock-event:fz"
+    rdb.set(lock, b"someone")  # no expiry: the flight waits until we free it
+    listener = rdb.pubsub()
+    listener.subscribe(events)
+    waited = threading.Event()
+    seen = {}
+    with memolock.Client(rdb, tag, lock_ttl=20, on_wait=lambda id, holder: waited.set()) as c:
+        def start(lease):
+            token = seen["token"] = lease.token().encode()
+            if what == "value":
+                rdb.set(f"{tag}:fz", b"fast")
+                rdb.publish(notif, b"fast")
+            else:
+                rdb.publish(events, P.fail_event(token, b"producer failed"))
+            until(lambda: _collected(c, c.keys.notif(b"fz") if what == "value" else c.keys.events(b"fz")),
+                  what="the subscriber to read the message")
+            # The subscriber has it: give a wrong hand-over time to show.
+            t.join(0.5)
+            seen["answered during start"] = not t.is_alive()
+            seen["returned"] = time.monotonic()
+
+        t, box = run_thread(c.get_external, "fz", start, WAIT)
+        until(lambda: waited.is_set() and c._sub.live_watches(c.keys.notif(b"fz")) == 1,
+              what="the flight to wait on the other holder")
+        rdb.delete(lock)
+        rdb.publish(events, P.abandon_event(b"someone"))  # the flight takes the lock over, then starts
+        t.join(WAIT)
+        assert not t.is_alive()
+        until(lambda: "answered during start" in seen, what="start to return")
+        assert seen["answered during start"] is False
+        token = seen["token"]
+        if what == "value":
+            assert box == {"val": b"fast"}
+            assert _lingers(rdb, lock, token, seen["returned"])  # released with the linger, before the answer
+            assert _events_of(listener, token) == []  # no abandon event
+        else:
+            assert isinstance(box.get("err"), memolock.HolderFailed) and "producer failed" in str(box["err"])
+            assert rdb.get(lock) is None
+            assert _events_of(listener, token) == [P.fail_event(token, b"producer failed")]  # only the producer's
+    listener.close()
+
+
+@pytest.mark.parametrize("what", ["value", "fail"])
+def test_async_external_message_during_start_waits_for_the_release(server, rdb, tag, what):
+    # The asyncio client, as above: its subscriber task too only collects.
+    lock, notif, events = f"{tag}/lock:fz", f"{tag}/notif:fz", f"{tag}/lock-event:fz"
+    rdb.set(lock, b"someone")
+    listener = rdb.pubsub()
+    listener.subscribe(events)
+    seen = {}
+
+    async def main():
+        r = aredis.Redis(port=server.port)
+        waited = asyncio.Event()
+        c = memolock.AsyncClient(r, tag, lock_ttl=20, on_wait=lambda id, holder: waited.set())
+        try:
+            async def start(lease):
+                token = seen["token"] = lease.token().encode()
+                if what == "value":
+                    await r.set(f"{tag}:fz", b"fast")
+                    await r.publish(notif, b"fast")
+                else:
+                    await r.publish(events, P.fail_event(token, b"producer failed"))
+                await auntil(lambda: _collected(c, c.keys.notif(b"fz") if what == "value" else c.keys.events(b"fz")))
+                done, _ = await asyncio.wait({t}, timeout=0.5)  # a wrong hand-over gets time to show
+                seen["answered during start"] = bool(done)
+                seen["returned"] = time.monotonic()
+
+            t = asyncio.get_running_loop().create_task(c.get_external("fz", start, WAIT))
+            await auntil(lambda: waited.is_set() and c._sub.live_watches(c.keys.notif(b"fz")) == 1)
+            await r.delete(lock)
+            await r.publish(events, P.abandon_event(b"someone"))
+            (res,) = await asyncio.gather(t, return_exceptions=True)
+            await auntil(lambda: "answered during start" in seen)
+            seen["lingers"] = _lingers(rdb, lock, seen["token"], seen["returned"])
+            return res
+        finally:
+            await c.close()
+            await r.close()
+
+    res = arun(main())
+    assert seen["answered during start"] is False
+    token = seen["token"]
+    if what == "value":
+        assert res == b"fast"
+        assert seen["lingers"]
+        assert _events_of(listener, token) == []
+    else:
+        assert isinstance(res, memolock.HolderFailed) and "producer failed" in str(res)
+        assert rdb.get(lock) is None
+        assert _events_of(listener, token) == [P.fail_event(token, b"producer failed")]
+    listener.close()
