@@ -5,6 +5,7 @@ go 1.24.0
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/maypok86/otter/v2 v2.4.0
+	github.com/petermattis/goid v0.0.0-20261109124353-7cfa343ad0ab
 	github.com/redis/go-redis/v9 v9.22.0
 	go.opentelemetry.io/otel v1.40.0
 	go.opentelemetry.io/otel/metric v1.40.0

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+
+	goidpkg "github.com/petermattis/goid"
 )
 
 // A runner is the one place that runs the user's callbacks: fetch, start,
@@ -127,10 +129,34 @@ func (r *runner) current() ([]*flight, bool) {
 	return f, ok
 }
 
-// goid returns the calling goroutine's id, read from the first line of its
-// stack ("goroutine 42 [running]:"). Go offers no other way; it costs about
-// a microsecond, paid once per callback.
-func goid() int64 {
+// goid returns the calling goroutine's id. petermattis/goid reads it from
+// the runtime's own goroutine record in nanoseconds; the only other way,
+// parsing runtime.Stack's first line ("goroutine 42 [running]:"), walks the
+// whole stack under the runtime's global print lock, and 10,000 callers
+// joining one flight while its fetch ran (each must be checked: see
+// Engine.reentered) queued on that lock, making BenchmarkStampede 3× as
+// slow. The library mirrors the runtime's goroutine struct for each Go
+// release; so it is checked against the parse at start-up, on goroutines
+// of their own, and the parse serves if they ever disagree.
+var goid = pickGoid()
+
+func pickGoid() func() int64 {
+	ok := make(chan bool, 4)
+	for range cap(ok) {
+		go func() { ok <- goidpkg.Get() == stackGoid() }()
+	}
+	fast := goidpkg.Get() == stackGoid()
+	for range cap(ok) {
+		fast = <-ok && fast
+	}
+	if fast {
+		return goidpkg.Get
+	}
+	return stackGoid
+}
+
+// stackGoid reads the goroutine id from runtime.Stack.
+func stackGoid() int64 {
 	var buf [64]byte
 	b := buf[:runtime.Stack(buf[:], false)]
 	b = bytes.TrimPrefix(b, []byte("goroutine "))

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -143,3 +144,29 @@ type redisReply string
 
 func (r redisReply) Error() string { return string(r) }
 func (redisReply) RedisError()     {}
+
+// goid names the calling goroutine as runtime.Stack does, on every
+// goroutine, whichever way pickGoid chose to read it.
+func TestGoidIsTheStacksGoroutineID(t *testing.T) {
+	ids := make(chan [2]int64, 8)
+	var wg sync.WaitGroup
+	for range cap(ids) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ids <- [2]int64{goid(), stackGoid()}
+		}()
+	}
+	wg.Wait()
+	close(ids)
+	seen := map[int64]bool{}
+	for p := range ids {
+		if p[0] != p[1] || p[0] <= 0 {
+			t.Errorf("goid() = %d, runtime.Stack says %d", p[0], p[1])
+		}
+		if seen[p[0]] {
+			t.Errorf("goroutine id %d seen twice", p[0])
+		}
+		seen[p[0]] = true
+	}
+}
