@@ -340,6 +340,39 @@ func TestClose_ReleasesExternalProducerLock(t *testing.T) {
 	within(t, 5*time.Second, got, "taken over", "the waiter, lock TTL 30s")
 }
 
+// Close while an external producer's start runs: start sees its context
+// cancelled and returns that, which is a shutdown, not a failure of the
+// work (PROTOCOL.md [E4]): the lock is handed over with an abandon event,
+// so that a waiter elsewhere takes over instead of failing, as it does
+// when Close cancels a fetch.
+func TestClose_DuringExternalStartHandsTheLockOver(t *testing.T) {
+	b := realBackend(t)
+	opts := &Options{LockTTL: 30 * time.Second}
+	a := newTestClient(t, b.addr, "ext5", opts)
+	other := newTestClient(t, b.addr, "ext5", opts)
+	looks := countLookups(other.rdb, "ext5:q")
+	started := make(chan struct{})
+	mine := make(chan error, 1)
+	go func() {
+		_, err := a.GetExternal(bg(), "q", func(ctx context.Context, _ *Lease) error {
+			close(started)
+			<-ctx.Done()
+			return ctx.Err()
+		})
+		mine <- err
+	}()
+	<-started
+	got := getAsync(other, bg(), "q", constFetch(new(atomic.Int64), "taken over", 0))
+	parkedAndLive(t, looks, 2)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 5*time.Second, got, "taken over", "the waiter, lock TTL 30s")
+	if err := <-mine; !errors.Is(err, ErrClosed) {
+		t.Errorf("the winner's caller: %v, want ErrClosed", err)
+	}
+}
+
 // The winner of an external-producer flight keeps its lock after its only
 // caller left, through its subscription going live, until the value comes:
 // the work starts once.

@@ -220,6 +220,13 @@ func (e *Engine) startExternal(p *pursuit) error {
 	e.stats.fetches.Add(1)
 	lease := e.proto.Lease(f.key, f.token)
 	err := e.callbacks.callErr("start", f, func() error { return f.start(f.ctx, lease) })
+	if err != nil && f.ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		// Close cancelled start, which failed for that: a shutdown, not a
+		// failure of the work (PROTOCOL.md [E4]). Hand the lock over, as
+		// computeLocked does for a cancelled fetch.
+		e.release(f, wire.AbandonEvent(f.token))
+		return ErrClosed
+	}
 	if err != nil {
 		e.countFailure(fetchResult{err: err})
 		e.release(f, wire.FailEvent(f.token, err))

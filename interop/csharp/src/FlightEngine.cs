@@ -272,6 +272,13 @@ namespace MemoLockNet
             Interlocked.Increment(ref Fetches);
             var lease = new Lease(Proto, f);
             var err = Callbacks.Run(() => f.Start(lease));
+            if (err != null && Closing)
+            {
+                // Most likely cancelled by Close: a shutdown, not a failure of
+                // the work ([E4]). Let a waiter elsewhere take over, as for fetch.
+                Release(f, Tokens.AbandonEvent(f.Token), 0);
+                return new MemoLockClosedException();
+            }
             if (err != null)
             {
                 Release(f, Tokens.FailEvent(f.Token, err.Message), 0);

@@ -518,6 +518,43 @@ namespace MemoLockTests
             }
         }
 
+        /// <summary>
+        /// [E4]: Close while an external producer's start runs is a shutdown,
+        /// not a failure of the work: the lock goes with an abandon event, and
+        /// a waiter elsewhere takes over instead of failing.
+        /// </summary>
+        [Test]
+        static void Close_DuringExternalStartHandsTheLockOver()
+        {
+            using (var srv = new RedisServer())
+            using (var t1 = srv.Transport())
+            using (var t2 = srv.Transport())
+            {
+                var a = new MemoLock(t1, "t", TimeSpan.FromSeconds(30));
+                var b = new MemoLock(t2, "t", TimeSpan.FromSeconds(30));
+                var entered = new ManualResetEvent(false);
+                Exception aErr = null;
+                var ta = Safe(() =>
+                {
+                    try { a.GetExternal("e", l => { entered.Set(); l.Cancellation.WaitHandle.WaitOne(); throw new OperationCanceledException(); }); }
+                    catch (Exception e) { aErr = e; }
+                });
+                ta.Start();
+                entered.WaitOne();
+                byte[] bv = null;
+                Exception bErr = null;
+                var tb = Safe(() => { try { bv = b.Get("e", l => (B("b took over"), TimeSpan.Zero)); } catch (Exception e) { bErr = e; } });
+                tb.Start();
+                Assert.Eventually(() => (long)((object[])srv.Call("PUBSUB", "NUMSUB", "t/notif:e"))[1] == 1, 10, "b waits");
+                a.Close();
+                ta.Join();
+                Assert.True(aErr is MemoLockClosedException, "a's caller gets closed: " + aErr);
+                Assert.True(tb.Join(10000), "b woke");
+                Assert.Equal("b took over", S(bv), "b took over after the abandon event, not failed: " + bErr);
+                b.Close();
+            }
+        }
+
         [Test]
         static void Transport_UnixSocketAndAuth()
         {

@@ -596,6 +596,13 @@ class Core:
         except GeneratorExit:
             raise
         except BaseException as e:
+            if self.closed or not isinstance(e, Exception):
+                # Most likely cancelled by close (or interrupted): a shutdown,
+                # not a failure of the work ([E4]). Hand over, as hold does.
+                yield from self.release(f, P.abandon_event(f.token))
+                if self.closed and isinstance(e, (Exception, asyncio.CancelledError)):
+                    raise Closed("memolock: client closed") from e
+                raise
             yield from self.release(f, P.fail_event(f.token, e))
             yield from self.relay(f, lambda token: P.fail_event(token, e))
             raise

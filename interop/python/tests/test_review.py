@@ -354,3 +354,40 @@ def test_async_external_message_during_start_waits_for_the_release(server, rdb, 
         assert rdb.get(lock) is None
         assert _events_of(listener, token) == [P.fail_event(token, b"producer failed")]
     listener.close()
+
+
+def test_async_close_during_start_hands_the_lock_over(server, rdb, tag):
+    # [E4]: a winner that shuts down releases its lock with an abandon
+    # event. close() cancels a coroutine start; that is a shutdown, not a
+    # failure of the work, so waiters elsewhere take over rather than fail
+    # (as the Go client does since it hands over a start cancelled by Close).
+    lock, events = f"{tag}/lock:fc", f"{tag}/lock-event:fc"
+    listener = rdb.pubsub()
+    listener.subscribe(events)
+    seen = {}
+
+    async def main():
+        r = aredis.Redis(port=server.port)
+        c = memolock.AsyncClient(r, tag, lock_ttl=30)
+        started = asyncio.Event()
+
+        async def start(lease):
+            seen["token"] = lease.token().encode()
+            started.set()
+            await asyncio.sleep(3600)
+
+        t = asyncio.get_running_loop().create_task(c.get_external("fc", start, WAIT))
+        try:
+            await asyncio.wait_for(started.wait(), WAIT)
+        finally:
+            await c.close()
+            await r.close()
+        (res,) = await asyncio.gather(t, return_exceptions=True)
+        return res
+
+    res = arun(main())
+    assert isinstance(res, memolock.Closed), res
+    token = seen["token"]
+    assert rdb.get(lock) is None
+    assert _events_of(listener, token) == [P.abandon_event(token)]
+    listener.close()
