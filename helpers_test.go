@@ -47,6 +47,10 @@ func TestMain(m *testing.M) {
 		runGlobalTraceChild(addr)
 		return
 	}
+	if addr := os.Getenv(restoredTraceChildEnv); addr != "" {
+		runRestoredTraceChild(addr)
+		return
+	}
 	// go-redis logs every failed dial; the outage tests make many on purpose.
 	redis.SetLogger(quietLogger{})
 	goleak.VerifyTestMain(m)
