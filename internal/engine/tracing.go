@@ -50,12 +50,23 @@ func (e *Engine) begin(cl *callSpan, ctx context.Context) {
 
 // trace starts cl's span, and keeps it if it records.
 func (e *Engine) trace(cl *callSpan, id string) {
-	if e.unset != nil && otel.GetTracerProvider() == e.unset {
-		// No SDK yet: the span would record nothing, and starting it
-		// costs two allocations a flight (a mass miss starts thousands).
-		return
+	probe := false
+	if e.unset != nil && !e.unsetRecords.Load() && otel.GetTracerProvider() == e.unset {
+		// No SDK yet: the span most likely records nothing, and starting
+		// it costs two allocations a flight (a mass miss starts
+		// thousands). But the unset provider's spans may record all the
+		// same (auto-instrumentation, or a provider set back to it), so
+		// a Get now and then starts one to find out.
+		now, next := time.Now().UnixNano(), e.unsetProbe.Load()
+		if now < next || !e.unsetProbe.CompareAndSwap(next, now+int64(unsetProbeEvery)) {
+			return
+		}
+		probe = true
 	}
 	if ctx, span := e.tracer.Start(cl.ctx, "memolock.Get", e.spanOpts...); span.IsRecording() {
+		if probe {
+			e.unsetRecords.Store(true)
+		}
 		span.SetAttributes(attribute.String("memolock.id", id))
 		cl.ctx, cl.span = ctx, span
 	}
@@ -205,6 +216,10 @@ func firstLine(s string) string {
 	}
 	return s
 }
+
+// unsetProbeEvery is how often a Get starts a span of the unset global
+// provider to see whether it records (see trace).
+const unsetProbeEvery = 100 * time.Millisecond
 
 // isUnsetGlobal reports whether tp is the global tracer provider while no
 // SDK has been set: otel's own delegating provider, which
