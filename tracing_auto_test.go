@@ -6,57 +6,14 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"go.opentelemetry.io/otel/trace"
 )
-
-// OpenTelemetry's zero-code instrumentation (go.opentelemetry.io/auto, an
-// eBPF agent) attaches to a process that set no SDK: it sets
-// autoInstEnabled, and the global tracer's spans then record, through
-// go.opentelemetry.io/auto/sdk, whose start it fills in. These two stand
-// in for the agent.
-
-//go:linkname autoInstEnabled go.opentelemetry.io/otel/internal/global.autoInstEnabled
-var autoInstEnabled *bool
-
-//go:linkname autoSDKStart go.opentelemetry.io/auto/sdk.start
-var autoSDKStart func(ctx context.Context, span unsafe.Pointer, psc *trace.SpanContext, sampled *bool, sc *trace.SpanContext)
-
-// A client with the default TracerProvider, in a process where the
-// auto-instrumentation agent attached (no SDK set, yet the global
-// tracer's spans record), traces its Gets: its token names the span.
-func TestTracing_AutoInstrumentationWithoutSDK(t *testing.T) {
-	srv := miniBackend(t)
-	c := newTestClient(t, srv.addr, "tra", nil)
-	var starts atomic.Int64
-	prevStart, prevOn := autoSDKStart, *autoInstEnabled
-	autoSDKStart = func(_ context.Context, _ unsafe.Pointer, _ *trace.SpanContext, sampled *bool, sc *trace.SpanContext) {
-		n := starts.Add(1)
-		*sampled = true
-		*sc = trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1}, SpanID: trace.SpanID{byte(n)}, TraceFlags: trace.FlagsSampled})
-	}
-	*autoInstEnabled = true
-	t.Cleanup(func() { autoSDKStart, *autoInstEnabled = prevStart, prevOn })
-
-	var token string
-	if _, err := c.Get(bg(), "k", func(_ context.Context, l *Lease) ([]byte, time.Duration, error) {
-		token = l.Token()
-		return []byte("v"), time.Minute, nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(token, "/") {
-		t.Errorf("token %q names no span (%d auto spans started): the Get was not traced, though the global tracer records", token, starts.Load())
-	}
-}
 
 // restoredTraceChildEnv makes the test binary the child of
 // TestTracing_GlobalProviderSetBack.
