@@ -1124,10 +1124,10 @@ type faultChecks struct {
 	// later: a caller may join a flight until the flight has answered, so
 	// one that began after the ROLE can get what the flight's lookup, sent
 	// before it, read from the old master (seen in CI: four callers that
-	// began 10-20 ms after the ROLE, each call 19-31 ms). "A little" is
-	// the bound checkCoherence gives a flight starved between its reply
-	// and its answer: l1Bound plus the slowest control GET from that
-	// process to a healthy master meanwhile.
+	// began 10-20 ms after the ROLE and ended at most 51 ms after it). "A
+	// little": the call must have ended within the slowest control GET
+	// from that process to a healthy master meanwhile, plus one control
+	// bucket (100 ms), after the ROLE.
 	zombie [2]time.Time
 	old    map[string]int
 }
@@ -1337,9 +1337,14 @@ func (r *faultRun) checkCoherence(rep *faultReport, fc faultChecks) {
 			demoted := fc.zombie[1].UnixNano()
 			late := time.Duration(0) // how long after the ROLE the call began
 			if h.start >= demoted {
+				// It joined a flight whose lookup the old master answered:
+				// the call ends when that flight answers, which may be late
+				// only as far as the process is (its control GETs meanwhile,
+				// to a control bucket's precision).
 				late = time.Duration(h.start - demoted)
+				ended := time.Duration(h.start + h.took - demoted)
 				child := slices.Index(r.names, h.child)
-				if late >= l1Bound+rep.controlMax(child, r.t0.UnixNano(), fc.sick, demoted, late) {
+				if ended > rep.controlMax(child, r.t0.UnixNano(), fc.sick, demoted, ended)+faultControlBucket {
 					late = -1
 				}
 			}
