@@ -1,6 +1,7 @@
 // Tests from the review: ACL refusals, lease extension and loss, store
 // failures, the subscriber's threads, and faults at awkward moments.
 using System;
+using System.Text.RegularExpressions;
 using System.Collections.Generic;
 using System.Diagnostics;
 using System.Linq;
@@ -113,6 +114,16 @@ namespace MemoLockTests
         static string S(byte[] b) { return b == null ? null : Encoding.UTF8.GetString(b); }
         static RedisUrl UserUrl(RedisServer srv, string user, string pw) { return RedisUrl.Parse("redis://" + user + ":" + pw + "@127.0.0.1:" + srv.Port); }
         static long NumSub(RedisServer srv, string ch) { return (long)((object[])srv.Call("PUBSUB", "NUMSUB", ch))[1]; }
+
+        /// <summary>How many scripts (EVALSHA and EVAL) srv has run: a client's lookups.</summary>
+        static long ScriptsRun(RedisServer srv)
+        {
+            var info = srv.Call("INFO", "commandstats");
+            string text = info is byte[] ? System.Text.Encoding.UTF8.GetString((byte[])info) : info.ToString();
+            long n = 0;
+            foreach (Match m in Regex.Matches(text, @"cmdstat_(?:evalsha|eval):calls=(\d+)")) n += long.Parse(m.Groups[1].Value);
+            return n;
+        }
 
         /// <summary>
         /// A SUBSCRIBE of several channels refused (NOPERM) is retried one
@@ -534,6 +545,10 @@ namespace MemoLockTests
                 var t = Safe(() => { try { got = c.Get("r", l => (B("computed after the restart"), TimeSpan.Zero), TimeSpan.FromSeconds(30)); } catch (Exception e) { err = e; } });
                 t.Start();
                 Assert.Eventually(() => NumSub(srv, "t/notif:r") == 1, 10, "subscribed");
+                // The lookup, then the look again once the watch is live: the
+                // server goes only after both (a look again while it was down
+                // failed the wait; seen under load).
+                Assert.Eventually(() => ScriptsRun(srv) >= 2, 10, "the look again after the watch went live");
                 int port = srv.Port;
                 srv.Dispose();
                 Thread.Sleep(300);

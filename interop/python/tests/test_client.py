@@ -192,11 +192,21 @@ def test_takeover_on_expiry(client, rdb, tag):
     assert time.monotonic() - t0 >= 0.5
 
 
+def _scripts_run(rdb):
+    stats = rdb.info("commandstats")
+    return sum(stats.get(k, {}).get("calls", 0) for k in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
 def test_abandon_event_wakes_waiter(client, rdb, tag):
     token = b"0123@elsewhere:1"
     rdb.set(f"{tag}/lock:ab", token, px=60000)
+    before = _scripts_run(rdb)
     t, box = run_thread(client.get, "ab", lambda lease: (b"after abandon", 0))
     until(lambda: client._sub.live_watches(client.keys.notif(b"ab")) == 1, what="live watch")
+    # The lookup, then the look again once the watch is live: only then may
+    # the lock go (a look again after it would simply take the lock; seen
+    # under load).
+    until(lambda: _scripts_run(rdb) >= before + 2, what="the look again after the watch went live")
     rdb.publish(f"{tag}/lock-event:ab", b"abandon\nsomebody-else\n")  # not our holder: ignored
     rdb.delete(f"{tag}/lock:ab")
     time.sleep(0.2)
