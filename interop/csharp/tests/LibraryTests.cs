@@ -483,8 +483,13 @@ namespace MemoLockTests
             });
         }
 
-        [Test]
-        static void Close_ReleasesHeldLocksAndStopsWaiters()
+        /// <summary>
+        /// Client a wins id and runs winner (which sets entered, then blocks until
+        /// a closes); client b waits on id. Then a closes: b must take over at once
+        /// (an abandon event, not a fail event, nor the 30 s lock TTL). Then b
+        /// closes, and after runs.
+        /// </summary>
+        static void CloseWhileTheWinnerRuns(string id, Action<MemoLock, string, ManualResetEvent> winner, Action<RedisServer, MemoLock> after)
         {
             using (var srv = new RedisServer())
             using (var t1 = srv.Transport())
@@ -493,29 +498,36 @@ namespace MemoLockTests
                 var a = new MemoLock(t1, "t", TimeSpan.FromSeconds(30));
                 var b = new MemoLock(t2, "t", TimeSpan.FromSeconds(30));
                 var entered = new ManualResetEvent(false);
-                Exception aErr = null;
-                var ta = Safe(() =>
-                {
-                    try { a.Get("c", l => { entered.Set(); l.Cancellation.WaitHandle.WaitOne(); throw new OperationCanceledException(); }); }
-                    catch (Exception e) { aErr = e; }
-                });
+                Exception aErr = null, bErr = null;
+                var ta = Safe(() => { try { winner(a, id, entered); } catch (Exception e) { aErr = e; } });
                 ta.Start();
                 entered.WaitOne();
                 byte[] bv = null;
-                var tb = Safe(() => { try { bv = b.Get("c", l => (B("b took over"), TimeSpan.Zero)); } catch (Exception) { } });
+                var tb = Safe(() => { try { bv = b.Get(id, l => (B("b took over"), TimeSpan.Zero)); } catch (Exception e) { bErr = e; } });
                 tb.Start();
-                Assert.Eventually(() => (long)((object[])srv.Call("PUBSUB", "NUMSUB", "t/notif:c"))[1] == 1, 10, "b waits");
+                Assert.Eventually(() => (long)((object[])srv.Call("PUBSUB", "NUMSUB", "t/notif:" + id))[1] == 1, 10, "b waits");
                 var sw = Stopwatch.StartNew();
                 a.Close();
                 ta.Join();
                 Assert.True(aErr is MemoLockClosedException, "a's caller gets closed: " + aErr);
                 Assert.True(tb.Join(10000), "b woke");
-                Assert.Equal("b took over", S(bv), "b took over after the abandon event");
+                Assert.Equal("b took over", S(bv), "b took over after the abandon event, not failed: " + bErr);
                 Assert.True(sw.Elapsed.TotalSeconds < 10, "at once, not after the 30 s lock TTL: " + sw.Elapsed);
-                Assert.Throws<MemoLockClosedException>(() => a.Get("c", l => (B("x"), TimeSpan.Zero)), "Get after Close");
                 b.Close();
-                Assert.Eventually(() => ((byte[])srv.Call("CLIENT", "LIST", "TYPE", "pubsub")).Length == 0, 5, "no pub/sub connection left");
+                after(srv, a);
             }
+        }
+
+        [Test]
+        static void Close_ReleasesHeldLocksAndStopsWaiters()
+        {
+            CloseWhileTheWinnerRuns("c",
+                (a, id, entered) => a.Get(id, l => { entered.Set(); l.Cancellation.WaitHandle.WaitOne(); throw new OperationCanceledException(); }),
+                (srv, a) =>
+                {
+                    Assert.Throws<MemoLockClosedException>(() => a.Get("c", l => (B("x"), TimeSpan.Zero)), "Get after Close");
+                    Assert.Eventually(() => ((byte[])srv.Call("CLIENT", "LIST", "TYPE", "pubsub")).Length == 0, 5, "no pub/sub connection left");
+                });
         }
 
         /// <summary>
@@ -526,33 +538,9 @@ namespace MemoLockTests
         [Test]
         static void Close_DuringExternalStartHandsTheLockOver()
         {
-            using (var srv = new RedisServer())
-            using (var t1 = srv.Transport())
-            using (var t2 = srv.Transport())
-            {
-                var a = new MemoLock(t1, "t", TimeSpan.FromSeconds(30));
-                var b = new MemoLock(t2, "t", TimeSpan.FromSeconds(30));
-                var entered = new ManualResetEvent(false);
-                Exception aErr = null;
-                var ta = Safe(() =>
-                {
-                    try { a.GetExternal("e", l => { entered.Set(); l.Cancellation.WaitHandle.WaitOne(); throw new OperationCanceledException(); }); }
-                    catch (Exception e) { aErr = e; }
-                });
-                ta.Start();
-                entered.WaitOne();
-                byte[] bv = null;
-                Exception bErr = null;
-                var tb = Safe(() => { try { bv = b.Get("e", l => (B("b took over"), TimeSpan.Zero)); } catch (Exception e) { bErr = e; } });
-                tb.Start();
-                Assert.Eventually(() => (long)((object[])srv.Call("PUBSUB", "NUMSUB", "t/notif:e"))[1] == 1, 10, "b waits");
-                a.Close();
-                ta.Join();
-                Assert.True(aErr is MemoLockClosedException, "a's caller gets closed: " + aErr);
-                Assert.True(tb.Join(10000), "b woke");
-                Assert.Equal("b took over", S(bv), "b took over after the abandon event, not failed: " + bErr);
-                b.Close();
-            }
+            CloseWhileTheWinnerRuns("e",
+                (a, id, entered) => a.GetExternal(id, l => { entered.Set(); l.Cancellation.WaitHandle.WaitOne(); throw new OperationCanceledException(); }),
+                (srv, a) => { });
         }
 
         [Test]
