@@ -180,9 +180,16 @@ func TestGet_OnWaitGetsTheCallersID(t *testing.T) {
 
 // Close leaves no lock behind, even with lookups under way that are about
 // to take one, and the redis client closed right after it.
+//
+// Close gives the flights' releases about a second (closeWait), so that it
+// never hangs on Redis; a lock still being released then is left to its
+// TTL. On a machine so loaded that Close used its whole second (seen once
+// beside two other copies of the suite: 11 of 300 locks left), the round
+// proves nothing and is not judged; two rounds at least must be.
 func TestClose_LeavesNoLockBehind(t *testing.T) {
 	b := realBackend(t)
 	raw := rawClient(t, b.addr)
+	judged := 0
 	for round := range 5 {
 		rdb := redis.NewClient(&redis.Options{Addr: b.addr})
 		c, err := New(rdb, "nolock", &Options{LockTTL: time.Minute})
@@ -203,10 +210,22 @@ func TestClose_LeavesNoLockBehind(t *testing.T) {
 			}()
 		}
 		wg.Wait()
+		t0 := time.Now()
 		_ = c.Close()
+		took := time.Since(t0)
 		_ = rdb.Close()
-		if keys := raw.Keys(bg(), "nolock/lock:*").Val(); len(keys) > 0 {
-			t.Fatalf("round %d: %d locks left behind, e.g. %q", round, len(keys), keys[0])
+		keys := raw.Keys(bg(), "nolock/lock:*").Val()
+		if took >= 900*time.Millisecond {
+			t.Logf("round %d: not judged: Close took %v, its whole bound (%d locks left to their TTL)", round, took.Round(time.Millisecond), len(keys))
+			raw.Del(bg(), keys...)
+			continue
 		}
+		judged++
+		if len(keys) > 0 {
+			t.Fatalf("round %d: %d locks left behind, e.g. %q (Close took %v)", round, len(keys), keys[0], took.Round(time.Millisecond))
+		}
+	}
+	if judged < 2 {
+		t.Errorf("only %d rounds of 5 judged: Close used its whole bound in the others", judged)
 	}
 }
