@@ -3,9 +3,6 @@ package memolock
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -49,14 +46,7 @@ func runRestoredTraceChild(addr string) {
 // its spans record, and a client's Gets are traced, as they were before
 // clients skipped the spans of an unset provider.
 func TestTracing_GlobalProviderSetBack(t *testing.T) {
-	srv := miniBackend(t)
-	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), restoredTraceChildEnv+"="+srv.addr)
-	out, err := child.CombinedOutput()
-	if err != nil {
-		t.Fatalf("child: %v: %s", err, out)
-	}
-	if got := strings.TrimSpace(string(out)); got != "spans 1" {
+	if got := globalTraceChild(t, restoredTraceChildEnv); got != "spans 1" {
 		t.Fatalf("child printed %q; want the Get traced (\"spans 1\")", got)
 	}
 }

@@ -314,16 +314,24 @@ func runGlobalTraceChild(addr string) {
 // client does not start spans while no SDK is set (they would record
 // nothing), but asks again on every call.
 func TestTracing_GlobalProviderSetAfterNew(t *testing.T) {
+	if got := globalTraceChild(t, globalTraceChildEnv); got != "spans after 1" {
+		t.Fatalf("child printed %q; want the one Get made after the SDK was set traced, with its fetch (\"spans after 1\")", got)
+	}
+}
+
+// globalTraceChild runs this test binary as a child that sets the global
+// tracer provider (env names which child), against a miniredis, and
+// returns what it printed.
+func globalTraceChild(t *testing.T, env string) string {
+	t.Helper()
 	srv := miniBackend(t)
 	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), globalTraceChildEnv+"="+srv.addr)
+	child.Env = append(os.Environ(), env+"="+srv.addr)
 	out, err := child.CombinedOutput()
 	if err != nil {
 		t.Fatalf("child: %v: %s", err, out)
 	}
-	if got := strings.TrimSpace(string(out)); got != "spans after 1" {
-		t.Fatalf("child printed %q; want the one Get made after the SDK was set traced, with its fetch (\"spans after 1\")", got)
-	}
+	return strings.TrimSpace(string(out))
 }
 
 // A client whose TracerProvider is a no-op (the default, before the
