@@ -154,5 +154,37 @@ namespace MemoLockTests
                 }
             }
         }
+
+        [System.Runtime.InteropServices.DllImport("libc", EntryPoint = "kill")]
+        static extern int SysKill(int pid, int sig);
+
+        /// <summary>
+        /// A signal that comes between two of Mono's WaitAny calls, when no
+        /// pipe is set up to report it, still reaches the CLI. The hook runs in
+        /// that window: it sends SIGTERM and returns only once the native
+        /// handler has counted it there.
+        /// </summary>
+        [Test(TimeoutSeconds = 30)]
+        static void Signals_ASignalBetweenTwoWaitsIsNotLost()
+        {
+            var sig = new MemoLockCli.Signals();
+            int sent = 0;
+            sig.AfterWait = () =>
+            {
+                if (System.Threading.Interlocked.Exchange(ref sent, 1) != 0) return;
+                SysKill(System.Diagnostics.Process.GetCurrentProcess().Id, 15);
+                var sw = System.Diagnostics.Stopwatch.StartNew();
+                while (sig.Count(15) == 0 && sw.ElapsedMilliseconds < 5000) System.Threading.Thread.Sleep(1);
+            };
+            Assert.True(sig.Start(), "the signal handlers are installed");
+            try
+            {
+                Assert.True(sig.First.WaitOne(5000), "the SIGTERM counted between two waits was seen within 5 s");
+                Assert.Equal(15, sig.Caught, "the signal caught");
+                Assert.Equal(1, sig.Count(15), "counted once");
+                Assert.True(!sig.Second.WaitOne(0), "one signal, seen once");
+            }
+            finally { sig.Uninstall(); }
+        }
     }
 }
