@@ -229,8 +229,18 @@ func mustWire(b *testing.B, c *Client, id string) string {
 // marker PING, UNSUBSCRIBE, sharded or not), how long after the publishes
 // the last caller had its value, and what a parked waiter costs in memory
 // (heap and stacks, its own goroutine included), beside a bare goroutine
-// parked on a channel, measured first in the same process. Each op is one
+// parked on a channel, measured just before the callers. Each op is one
 // whole run.
+//
+// The two memory figures are taken in the same state of the runtime:
+//   - Both start on 2 KB stacks (see startOnSmallStacks). Go starts a
+//     goroutine with the average stack its last collection scanned
+//     (GODEBUG adaptivestackstart), and the few goroutines this process
+//     has between runs are deep ones: bare goroutines started then took
+//     4.2 KB each, where they took 2.7 KB in a fresh process.
+//   - Both reuse dead goroutines from the runtime's free list, whose
+//     descriptors (about 440 B each) are then not counted. Before, the
+//     callers reused the bare goroutines' and the bare ones did not.
 func BenchmarkMassExpiry(b *testing.B) {
 	const ids, perID = 10_000, 10
 	for _, bt := range benchTargets(b) {
@@ -243,8 +253,11 @@ func BenchmarkMassExpiry(b *testing.B) {
 				rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{bt.nodes[0].Addr}})
 			}
 			b.Cleanup(func() { _ = rdb.Close() })
-			var perKey, wake, perWaiter float64
-			bare := bareWaiter(ids * perID) // first: before memolock's own goroutines grew any stack
+			var perKey, wake, perWaiter, bare float64
+			// Dead goroutines stay on the runtime's free list, and a new
+			// one reuses one: started here once, they make the bare
+			// goroutines and the callers below alike reuse them.
+			bareWaiter(ids*perID + startBallast)
 			run := wire.NewToken()[:8]
 			for i := 0; b.Loop(); i++ {
 				b.StopTimer()
@@ -258,6 +271,8 @@ func BenchmarkMassExpiry(b *testing.B) {
 					b.Fatal(err)
 				}
 				before := c.Stats()
+				release := startOnSmallStacks()
+				bare += bareWaiter(ids * perID)
 				mem0 := parkedMemory()
 				var done atomic.Int64
 				var woken sync.WaitGroup
@@ -286,6 +301,7 @@ func BenchmarkMassExpiry(b *testing.B) {
 					time.Sleep(10 * time.Millisecond)
 				}
 				perWaiter += float64(parkedMemory()-mem0) / (ids * perID)
+				release()
 				b.StartTimer()
 				t0 := time.Now()
 				pipe = rdb.Pipeline()
@@ -319,7 +335,7 @@ func BenchmarkMassExpiry(b *testing.B) {
 			b.ReportMetric(perKey/float64(b.N), "pubsub-cmds/id")
 			b.ReportMetric(wake/float64(b.N)*1000, "wake-ms")
 			b.ReportMetric(perWaiter/float64(b.N), "B/waiter")
-			b.ReportMetric(bare, "bare-B/waiter")
+			b.ReportMetric(bare/float64(b.N), "bare-B/waiter")
 		})
 	}
 }
@@ -334,7 +350,8 @@ func parkedMemory() int64 {
 }
 
 // bareWaiter is what n bare goroutines parked on a channel cost each: the
-// floor under a waiting caller's own goroutine.
+// floor under a waiting caller's own goroutine. BenchmarkMassExpiry
+// measures it just before its callers, in the same state.
 func bareWaiter(n int) float64 {
 	m0 := parkedMemory()
 	release := make(chan struct{})
@@ -350,6 +367,45 @@ func bareWaiter(n int) float64 {
 	close(release)
 	wg.Wait()
 	return perGoroutine
+}
+
+// startBallast is how many goroutines startOnSmallStacks parks.
+const startBallast = 4096
+
+// startOnSmallStacks parks 4,096 shallow goroutines until the returned
+// function is called, and collects, so that the runtime starts goroutines
+// on 2 KB stacks from then on, until its next collection.
+//
+// The runtime starts a goroutine with a stack of the average size that its
+// last collection scanned, plus a guard, rounded up to a power of two
+// (GODEBUG adaptivestackstart, on by default). Between runs this process
+// has about a dozen goroutines, most of them deep (the testing harness,
+// go-redis's and memolock's readers), and a collection then makes the
+// runtime start goroutines on 4 KB stacks: until the next one, which
+// may come only after tens of thousands of goroutines have started, bare
+// or memolock's callers alike. That is the runtime's choice about any
+// goroutine, not what a waiting caller costs, which is what the memory
+// figures are about; in a process with many goroutines it follows what
+// they are.
+func startOnSmallStacks() (release func()) {
+	const n = startBallast
+	stop := make(chan struct{})
+	var parked, exited sync.WaitGroup
+	parked.Add(n)
+	exited.Add(n)
+	for range n {
+		go func() {
+			defer exited.Done()
+			parked.Done()
+			<-stop
+		}()
+	}
+	parked.Wait()
+	runtime.GC()
+	return func() {
+		close(stop)
+		exited.Wait()
+	}
 }
 
 // BenchmarkClusterL1Hits is BenchmarkCluster's hits with the L1 on: 64
