@@ -239,8 +239,14 @@ func mustWire(b *testing.B, c *Client, id string) string {
 //     has between runs are deep ones: bare goroutines started then took
 //     4.2 KB each, where they took 2.7 KB in a fresh process.
 //   - Both reuse dead goroutines from the runtime's free list, whose
-//     descriptors (about 440 B each) are then not counted. Before, the
-//     callers reused the bare goroutines' and the bare ones did not.
+//     descriptors (about 450 B each) are then not counted. Before, the
+//     callers reused the bare goroutines' and the bare ones did not. The
+//     goroutines memolock starts beyond its callers (a flight's) are
+//     charged a descriptor each, measured as a fresh goroutine's cost
+//     beyond a reused one's (descriptor-B; see goroutineDescriptor).
+//
+// The first run in a process costs more per caller than later ones (maps
+// and pools grow once), so the figure depends a little on -benchtime.
 func BenchmarkMassExpiry(b *testing.B) {
 	const ids, perID = 10_000, 10
 	for _, bt := range benchTargets(b) {
@@ -255,9 +261,15 @@ func BenchmarkMassExpiry(b *testing.B) {
 			b.Cleanup(func() { _ = rdb.Close() })
 			var perKey, wake, perWaiter, bare float64
 			// Dead goroutines stay on the runtime's free list, and a new
-			// one reuses one: started here once, they make the bare
-			// goroutines and the callers below alike reuse them.
-			bareWaiter(ids*perID + startBallast)
+			// one reuses its descriptor: started here once, as many as any
+			// run below has at once (callers, a goroutine per flight, the
+			// ballast), they make the bare goroutines and the callers alike
+			// reuse them. What memolock's own goroutines would have cost is
+			// added below, a descriptor each: the difference between a
+			// goroutine started here and a bare one started later.
+			release := startOnSmallStacks()
+			fresh := bareWaiter(ids*(perID+1) + 2*startBallast)
+			release()
 			run := wire.NewToken()[:8]
 			for i := 0; b.Loop(); i++ {
 				b.StopTimer()
@@ -272,7 +284,17 @@ func BenchmarkMassExpiry(b *testing.B) {
 				}
 				before := c.Stats()
 				release := startOnSmallStacks()
-				bare += bareWaiter(ids * perID)
+				bareNow := bareWaiter(ids * perID)
+				bare += bareNow
+				if i == 0 && goroutineDescriptor == 0 {
+					goroutineDescriptor = fresh - bareNow
+					if goroutineDescriptor < minDescriptor {
+						// Not fresh: the free list held enough already
+						// (another benchmark ran first in this process).
+						goroutineDescriptor = minDescriptor
+					}
+				}
+				g0 := runtime.NumGoroutine()
 				mem0 := parkedMemory()
 				var done atomic.Int64
 				var woken sync.WaitGroup
@@ -300,7 +322,10 @@ func BenchmarkMassExpiry(b *testing.B) {
 					}
 					time.Sleep(10 * time.Millisecond)
 				}
-				perWaiter += float64(parkedMemory()-mem0) / (ids * perID)
+				// The goroutines memolock started beyond the callers,
+				// charged a descriptor each (their own stacks are counted).
+				extra := max(0, runtime.NumGoroutine()-g0-ids*perID)
+				perWaiter += (float64(parkedMemory()-mem0) + float64(extra)*goroutineDescriptor) / (ids * perID)
 				release()
 				b.StartTimer()
 				t0 := time.Now()
@@ -336,6 +361,7 @@ func BenchmarkMassExpiry(b *testing.B) {
 			b.ReportMetric(wake/float64(b.N)*1000, "wake-ms")
 			b.ReportMetric(perWaiter/float64(b.N), "B/waiter")
 			b.ReportMetric(bare/float64(b.N), "bare-B/waiter")
+			b.ReportMetric(goroutineDescriptor, "descriptor-B")
 		})
 	}
 }
@@ -369,6 +395,15 @@ func bareWaiter(n int) float64 {
 	return perGoroutine
 }
 
+// goroutineDescriptor is what a new goroutine costs beyond a reused one,
+// measured by BenchmarkMassExpiry's first run in the process; at least
+// minDescriptor, the runtime's g in Go 1.26 on 64-bit platforms (its
+// size class), which a measurement made after the runtime's free list
+// already held enough goroutines would miss.
+var goroutineDescriptor float64
+
+const minDescriptor = 448
+
 // startBallast is how many goroutines startOnSmallStacks parks.
 const startBallast = 4096
 
@@ -389,6 +424,11 @@ const startBallast = 4096
 // they are.
 func startOnSmallStacks() (release func()) {
 	const n = startBallast
+	// Twice: the stacks of goroutines that died since the last collection
+	// are freed by this one, and stack memory partly used by them would
+	// count as in use before a measurement, and be filled during it.
+	runtime.GC()
+	runtime.GC()
 	stop := make(chan struct{})
 	var parked, exited sync.WaitGroup
 	parked.Add(n)
