@@ -380,19 +380,31 @@ func parkedMemory() int64 {
 // measures it just before its callers, in the same state.
 func bareWaiter(n int) float64 {
 	m0 := parkedMemory()
-	release := make(chan struct{})
-	var wg sync.WaitGroup
+	release := parkGoroutines(n)
+	perGoroutine := float64(parkedMemory()-m0) / float64(n)
+	release()
+	return perGoroutine
+}
+
+// parkGoroutines starts n goroutines that park on a channel, and returns
+// once all have started; release ends them and waits for them to exit.
+func parkGoroutines(n int) (release func()) {
+	stop := make(chan struct{})
+	var started, exited sync.WaitGroup
+	started.Add(n)
+	exited.Add(n)
 	for range n {
-		wg.Add(1)
 		go func() {
-			defer wg.Done()
-			<-release
+			defer exited.Done()
+			started.Done()
+			<-stop
 		}()
 	}
-	perGoroutine := float64(parkedMemory()-m0) / float64(n)
-	close(release)
-	wg.Wait()
-	return perGoroutine
+	started.Wait()
+	return func() {
+		close(stop)
+		exited.Wait()
+	}
 }
 
 // goroutineDescriptor is what a new goroutine costs beyond a reused one,
@@ -423,29 +435,14 @@ const startBallast = 4096
 // figures are about; in a process with many goroutines it follows what
 // they are.
 func startOnSmallStacks() (release func()) {
-	const n = startBallast
 	// Twice: the stacks of goroutines that died since the last collection
 	// are freed by this one, and stack memory partly used by them would
 	// count as in use before a measurement, and be filled during it.
 	runtime.GC()
 	runtime.GC()
-	stop := make(chan struct{})
-	var parked, exited sync.WaitGroup
-	parked.Add(n)
-	exited.Add(n)
-	for range n {
-		go func() {
-			defer exited.Done()
-			parked.Done()
-			<-stop
-		}()
-	}
-	parked.Wait()
+	release = parkGoroutines(startBallast)
 	runtime.GC()
-	return func() {
-		close(stop)
-		exited.Wait()
-	}
+	return release
 }
 
 // BenchmarkClusterL1Hits is BenchmarkCluster's hits with the L1 on: 64
