@@ -3,6 +3,7 @@ package memolock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -50,6 +51,60 @@ func TestOriginalGoPeer_LookupAcrossOurStoreDoesNotComputeAgain(t *testing.T) {
 				t.Fatalf("original's second GET = %q", v)
 			}
 		})
+	}
+}
+
+// The lock's linger ends no later than the value, to the millisecond, after
+// a store and after a Set. Redis 7.0 reckons each PX from the clock when
+// its SET runs, so the scripts set the lock before the value: set after
+// it, a lock could outlive the value by the millisecond the clock ticked
+// between the two (seen in CI: value 499 ms left, lock 500); a release
+// that lingers takes a millisecond off the value's PTTL for the same
+// reason. The clock
+// ticks between two SETs of one script about once in a few hundred, so
+// the test makes a few thousand.
+func TestStoreAndSet_LockNeverOutlivesTheValue(t *testing.T) {
+	b := realBackend(t)
+	c := newTestClient(t, b.addr, "outlive", nil)
+	raw := rawClient(t, b.addr)
+	check := func(how, id string) {
+		t.Helper()
+		pipe := raw.TxPipeline()
+		value, lock := pipe.PTTL(bg(), "outlive:"+id), pipe.PTTL(bg(), "outlive/lock:"+id)
+		if _, err := pipe.Exec(bg()); err != nil {
+			t.Fatal(err)
+		}
+		if v, l := value.Val(), lock.Val(); v > 0 && l > v {
+			t.Fatalf("after %s of %s, the lock has %v left, the value %v", how, id, l, v)
+		}
+	}
+	for i := range 2500 {
+		id := fmt.Sprint("g", i)
+		if _, err := c.Get(bg(), id, func(context.Context, *Lease) ([]byte, time.Duration, error) {
+			return []byte("v"), 500 * time.Millisecond, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		check("a store", id)
+		id = fmt.Sprint("s", i)
+		if err := c.Set(bg(), id, []byte("v"), 500*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		check("a Set", id)
+		// A release with a linger, as a winner in external mode makes
+		// once the value has arrived: the lock lingers for the time the
+		// value has left, read by PTTL in the same script.
+		id = fmt.Sprint("r", i)
+		if err := raw.Set(bg(), "outlive:"+id, "v", 500*time.Millisecond).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := raw.Set(bg(), "outlive/lock:"+id, "token", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := c.proto.Release(bg(), id, "token", "", wire.LockLinger); err != nil || !ok {
+			t.Fatalf("release of %s = %v, %v", id, ok, err)
+		}
+		check("a release", id)
 	}
 }
 

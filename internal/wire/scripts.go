@@ -100,16 +100,16 @@ const StoreSrc = `if redis.call('GET', KEYS[2]) ~= ARGV[1] then
 end
 local linger = tonumber(ARGV[6]) or 0
 local ttl = tonumber(ARGV[3])
-if ttl == 0 then
-  redis.call('SET', KEYS[1], ARGV[2])
-else
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
-  linger = math.min(linger, ttl)
-end
+if ttl > 0 then linger = math.min(linger, ttl) end
 if linger >= 1 then
   redis.call('SET', KEYS[2], 'done:' .. ARGV[1], 'PX', linger)
 else
   redis.call('DEL', KEYS[2])
+end
+if ttl == 0 then
+  redis.call('SET', KEYS[1], ARGV[2])
+else
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
 end
 local stale = tonumber(ARGV[7]) or 0
 if stale >= 1 and ttl > 0 then
@@ -126,8 +126,10 @@ return 1
 // is given, publishes it on the events channel so that waiters need not
 // wait for the lock to expire. With a linger, it keeps the lock as
 // "done:<token>" instead, as the store script does, for at most as long as
-// the value has left (and deletes it if there is no value): a winner in
-// external mode releases so once the value has arrived.
+// the value has left, less the millisecond the clock may tick between the
+// PTTL and the SET (and deletes it if there is no value, or 1 ms or less
+// of it): a winner in external mode releases so once the value has
+// arrived.
 // KEYS: lock, value. ARGV: token, events channel, event (an empty one
 // publishes nothing), linger in ms (0: delete).
 // Reply: 1 released, 0 not ours.
@@ -135,7 +137,7 @@ const ReleaseSrc = `if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 local linger = tonumber(ARGV[4]) or 0
 if linger >= 1 then
   local left = redis.call('PTTL', KEYS[2])
-  if left == -2 then linger = 0 elseif left >= 0 then linger = math.min(linger, left) end
+  if left == -2 then linger = 0 elseif left >= 0 then linger = math.min(linger, left - 1) end
 end
 if linger >= 1 then
   redis.call('SET', KEYS[1], 'done:' .. ARGV[1], 'PX', linger)
@@ -245,16 +247,16 @@ return n
 // Reply: 1.
 const SetSrc = `local linger = tonumber(ARGV[5]) or 0
 local ttl = tonumber(ARGV[3])
-if ttl == 0 then
-  redis.call('SET', KEYS[1], ARGV[2])
-else
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
-  linger = math.min(linger, ttl)
-end
+if ttl > 0 then linger = math.min(linger, ttl) end
 if linger >= 1 then
   redis.call('SET', KEYS[2], 'done:' .. ARGV[1], 'PX', linger)
 else
   redis.call('DEL', KEYS[2])
+end
+if ttl == 0 then
+  redis.call('SET', KEYS[1], ARGV[2])
+else
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
 end
 local stale = tonumber(ARGV[6]) or 0
 if stale >= 1 and ttl > 0 then

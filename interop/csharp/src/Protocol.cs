@@ -154,16 +154,16 @@ namespace MemoLockNet
 "end\n" +
 "local linger = tonumber(ARGV[6]) or 0\n" +
 "local ttl = tonumber(ARGV[3])\n" +
-"if ttl == 0 then\n" +
-"  redis.call('SET', KEYS[1], ARGV[2])\n" +
-"else\n" +
-"  redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)\n" +
-"  linger = math.min(linger, ttl)\n" +
-"end\n" +
+"if ttl > 0 then linger = math.min(linger, ttl) end\n" +
 "if linger >= 1 then\n" +
 "  redis.call('SET', KEYS[2], 'done:' .. ARGV[1], 'PX', linger)\n" +
 "else\n" +
 "  redis.call('DEL', KEYS[2])\n" +
+"end\n" +
+"if ttl == 0 then\n" +
+"  redis.call('SET', KEYS[1], ARGV[2])\n" +
+"else\n" +
+"  redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)\n" +
 "end\n" +
 "local stale = tonumber(ARGV[7]) or 0\n" +
 "if stale >= 1 and ttl > 0 then\n" +
@@ -201,7 +201,7 @@ namespace MemoLockNet
 "local linger = tonumber(ARGV[4]) or 0\n" +
 "if linger >= 1 then\n" +
 "  local left = redis.call('PTTL', KEYS[2])\n" +
-"  if left == -2 then linger = 0 elseif left >= 0 then linger = math.min(linger, left) end\n" +
+"  if left == -2 then linger = 0 elseif left >= 0 then linger = math.min(linger, left - 1) end\n" +
 "end\n" +
 "if linger >= 1 then\n" +
 "  redis.call('SET', KEYS[1], 'done:' .. ARGV[1], 'PX', linger)\n" +
