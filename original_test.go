@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memolock/memolock/internal/redistest"
 	"github.com/memolock/memolock/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
@@ -55,14 +56,13 @@ func TestOriginalGoPeer_LookupAcrossOurStoreDoesNotComputeAgain(t *testing.T) {
 }
 
 // The lock's linger ends no later than the value, to the millisecond, after
-// a store and after a Set. Redis 7.0 reckons each PX from the clock when
-// its SET runs, so the scripts set the lock before the value: set after
-// it, a lock could outlive the value by the millisecond the clock ticked
-// between the two (seen in CI: value 499 ms left, lock 500); a release
-// that lingers takes a millisecond off the value's PTTL for the same
-// reason. The clock
-// ticks between two SETs of one script about once in a few hundred, so
-// the test makes a few thousand.
+// a store, a Set and a release that lingers. Redis 7.0 reckons each PX from
+// the clock when its SET runs, so a lock set after the value with a
+// relative PX could outlive it by the millisecond the clock ticked between
+// the two (seen in CI: value 499 ms left, lock 500); the scripts give the
+// lock an absolute expiry from a clock read before the value's. The clock
+// ticks between two SETs of one script about once in a few hundred, so the
+// test makes a few thousand. (A stall inside a script: the next test.)
 func TestStoreAndSet_LockNeverOutlivesTheValue(t *testing.T) {
 	b := realBackend(t)
 	c := newTestClient(t, b.addr, "outlive", nil)
@@ -107,6 +107,142 @@ func TestStoreAndSet_LockNeverOutlivesTheValue(t *testing.T) {
 			t.Fatalf("release of %s = %v, %v", id, ok, err)
 		}
 		check("a release", id)
+	}
+}
+
+// However long Redis stalls inside a script, the lingering lock still ends
+// no later than the value: the server is frozen (SIGSTOP) for 3 ms at a
+// time while pipelines of stores, Sets and releases run, so that some
+// freezes land between a script's two writes, and every expiry is then
+// read as an absolute time (PEXPIRETIME, Redis 7.0), which no freeze
+// during the read can skew. A lock given a relative linger after the
+// value, or a release lingering for the value's PTTL less 1 ms, outlives
+// the value here by the freeze.
+func TestLingeringLock_NeverOutlivesTheValueThroughStalls(t *testing.T) {
+	s := redistest.Start(t)
+	raw := rawClient(t, s.Addr)
+	sc := wire.ScriptsFor(false)
+	for _, script := range []*redis.Script{sc.Store, sc.Set, sc.Release} {
+		if err := script.Load(bg(), raw).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop, frozen := make(chan struct{}), make(chan error, 1)
+	go func() {
+		var err error
+		for err == nil {
+			select {
+			case <-stop:
+				frozen <- nil
+				return
+			case <-time.After(time.Millisecond):
+			}
+			err = s.Freeze(3 * time.Millisecond)
+		}
+		<-stop
+		frozen <- err
+	}()
+	defer func() {
+		close(stop)
+		if err := <-frozen; err != nil {
+			t.Error(err)
+		}
+	}()
+	const ids, rounds = 40, 400
+	ms := func(d time.Duration) int64 { // -1 and -2 come as they are
+		if d < 0 {
+			return int64(d)
+		}
+		return d.Milliseconds()
+	}
+	keys := func(how string, i int) []string {
+		id := fmt.Sprint(how, i)
+		return []string{"stall:" + id, "stall/lock:" + id, "stall/nf:" + id, "stall/stale:" + id}
+	}
+	for round := range rounds {
+		token := fmt.Sprint("token", round)
+		pipe := raw.Pipeline()
+		for i := range ids {
+			k := keys("store", i)
+			pipe.Set(bg(), k[1], token, time.Minute)
+			sc.Store.EvalSha(bg(), pipe, k, token, "v", 500, "ch", "ev", 1000)
+			k = keys("set", i)
+			sc.Set.EvalSha(bg(), pipe, k, token, "v", 500, "ch", 1000, 0)
+			k = keys("release", i)
+			pipe.Set(bg(), k[0], "v", 500*time.Millisecond)
+			pipe.Set(bg(), k[1], token, time.Minute)
+			sc.Release.EvalSha(bg(), pipe, []string{k[1], k[0]}, token, "ev", "", 1000)
+		}
+		if _, err := pipe.Exec(bg()); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		pipe = raw.Pipeline()
+		type read struct {
+			name        string
+			value, lock *redis.DurationCmd
+		}
+		var reads []read
+		for _, how := range []string{"store", "set", "release"} {
+			for i := range ids {
+				k := keys(how, i)
+				reads = append(reads, read{k[0], pipe.PExpireTime(bg(), k[0]), pipe.PExpireTime(bg(), k[1])})
+			}
+		}
+		if _, err := pipe.Exec(bg()); err != nil {
+			t.Fatalf("round %d, reading: %v", round, err)
+		}
+		for _, r := range reads {
+			// -2: no key. The value expires at v, the lock at l (ms since
+			// the epoch); a lock on a value that is gone must be gone too.
+			v, l := r.value.Val(), r.lock.Val()
+			if l == -1 || (l >= 0 && (v < 0 || l > v)) {
+				t.Fatalf("round %d: the lock of %s expires at %d, the value at %d (ms since the epoch; -1 never, -2 gone)",
+					round, r.name, ms(l), ms(v))
+			}
+		}
+	}
+}
+
+// A store or a Set whose TTL Redis refuses (peers never send one: [C3])
+// fails before it writes anything, as a script does not roll back: the
+// value's SET, the one command that can refuse, runs first. The lock keeps
+// the holder's token, so that its waiters are not left with a done lock
+// and no value.
+func TestStoreAndSet_RefusedTTLWritesNothing(t *testing.T) {
+	b := realBackend(t)
+	raw := rawClient(t, b.addr)
+	sc := wire.ScriptsFor(false)
+	sub := raw.Subscribe(bg(), "refused/notif:k")
+	defer sub.Close()
+	if _, err := sub.ReceiveTimeout(bg(), 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{"refused:k", "refused/lock:k", "refused/nf:k", "refused/stale:k"}
+	for _, ttl := range []any{-1, "1e17", "1.5", "x"} {
+		if err := raw.Set(bg(), keys[1], "token", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := sc.Store.Run(bg(), raw, keys, "token", "v", ttl, "refused/notif:k", "ev", 1000).Err(); err == nil {
+			t.Errorf("store with TTL %v: no error", ttl)
+		}
+		if err := sc.Set.Run(bg(), raw, keys, "other", "v", ttl, "refused/notif:k", 1000, 0).Err(); err == nil {
+			t.Errorf("Set with TTL %v: no error", ttl)
+		}
+		if n := raw.Exists(bg(), keys[0]).Val(); n != 0 {
+			t.Errorf("after a store and a Set with TTL %v, the value is there", ttl)
+		}
+		if h := raw.Get(bg(), keys[1]).Val(); h != "token" {
+			t.Errorf("after a store and a Set with TTL %v, the lock holds %q, not the holder's token", ttl, h)
+		}
+	}
+	// Nothing was published: a PING's reply is the first message.
+	if err := sub.Ping(bg()); err != nil {
+		t.Fatal(err)
+	}
+	if msg, err := sub.ReceiveTimeout(bg(), 5*time.Second); err != nil {
+		t.Fatal(err)
+	} else if _, pong := msg.(*redis.Pong); !pong {
+		t.Errorf("published %v", msg)
 	}
 }
 

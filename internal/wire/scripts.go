@@ -85,6 +85,13 @@ return {redis.call('PTTL', KEYS[2]), holder}
 // lingering lock costs memolock peers nothing. A linger under 1 ms deletes
 // the lock.
 //
+// The lock's expiry is absolute, reckoned from the clock read (TIME) before
+// the value's SET: Redis before 7.2 reckons each PX from its clock when the
+// command runs, also inside a script, so a relative linger set after the
+// value could outlive it by the time between the two. The value is written
+// first, as its SET is the one command that can refuse an argument (a TTL
+// out of range), and scripts do not roll back.
+//
 // A "not found" recorded earlier goes. With a stale time, a copy of the
 // value is kept for that much longer than the value (Options.StaleTTL);
 // without one, an older copy goes, so that a copy is never older than the
@@ -98,18 +105,21 @@ const StoreSrc = `if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   redis.call('PUBLISH', ARGV[5], 'abandon\n' .. ARGV[1] .. '\n')
   return 0
 end
-local linger = tonumber(ARGV[6]) or 0
+local now = redis.call('TIME')
+now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local ttl = tonumber(ARGV[3])
-if ttl > 0 then linger = math.min(linger, ttl) end
-if linger >= 1 then
-  redis.call('SET', KEYS[2], 'done:' .. ARGV[1], 'PX', linger)
-else
-  redis.call('DEL', KEYS[2])
-end
 if ttl == 0 then
   redis.call('SET', KEYS[1], ARGV[2])
 else
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
+end
+local linger = tonumber(ARGV[6]) or 0
+if ttl > 0 then linger = math.min(linger, ttl) end
+if linger >= 1 then
+  redis.call('SET', KEYS[2], 'done:' .. ARGV[1])
+  redis.call('PEXPIREAT', KEYS[2], string.format('%d', now + linger))
+else
+  redis.call('DEL', KEYS[2])
 end
 local stale = tonumber(ARGV[7]) or 0
 if stale >= 1 and ttl > 0 then
@@ -126,21 +136,25 @@ return 1
 // is given, publishes it on the events channel so that waiters need not
 // wait for the lock to expire. With a linger, it keeps the lock as
 // "done:<token>" instead, as the store script does, for at most as long as
-// the value has left, less the millisecond the clock may tick between the
-// PTTL and the SET (and deletes it if there is no value, or 1 ms or less
-// of it): a winner in external mode releases so once the value has
-// arrived.
+// the value has left (and deletes it if there is no value): a winner in
+// external mode releases so once the value has arrived. As in store, the
+// lock's expiry is absolute, from the clock read before the value's PTTL,
+// so that no time passing inside the script makes it outlive the value.
 // KEYS: lock, value. ARGV: token, events channel, event (an empty one
 // publishes nothing), linger in ms (0: delete).
 // Reply: 1 released, 0 not ours.
 const ReleaseSrc = `if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 local linger = tonumber(ARGV[4]) or 0
+local now = 0
 if linger >= 1 then
+  now = redis.call('TIME')
+  now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   local left = redis.call('PTTL', KEYS[2])
-  if left == -2 then linger = 0 elseif left >= 0 then linger = math.min(linger, left - 1) end
+  if left == -2 then linger = 0 elseif left >= 0 then linger = math.min(linger, left) end
 end
 if linger >= 1 then
-  redis.call('SET', KEYS[1], 'done:' .. ARGV[1], 'PX', linger)
+  redis.call('SET', KEYS[1], 'done:' .. ARGV[1])
+  redis.call('PEXPIREAT', KEYS[1], string.format('%d', now + linger))
 else
   redis.call('DEL', KEYS[1])
 end
@@ -245,18 +259,21 @@ return n
 // value TTL in ms (0: no expiry), value channel, linger in ms, stale time
 // in ms (0: none).
 // Reply: 1.
-const SetSrc = `local linger = tonumber(ARGV[5]) or 0
+const SetSrc = `local now = redis.call('TIME')
+now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local ttl = tonumber(ARGV[3])
-if ttl > 0 then linger = math.min(linger, ttl) end
-if linger >= 1 then
-  redis.call('SET', KEYS[2], 'done:' .. ARGV[1], 'PX', linger)
-else
-  redis.call('DEL', KEYS[2])
-end
 if ttl == 0 then
   redis.call('SET', KEYS[1], ARGV[2])
 else
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
+end
+local linger = tonumber(ARGV[5]) or 0
+if ttl > 0 then linger = math.min(linger, ttl) end
+if linger >= 1 then
+  redis.call('SET', KEYS[2], 'done:' .. ARGV[1])
+  redis.call('PEXPIREAT', KEYS[2], string.format('%d', now + linger))
+else
+  redis.call('DEL', KEYS[2])
 end
 local stale = tonumber(ARGV[6]) or 0
 if stale >= 1 and ttl > 0 then
