@@ -62,9 +62,17 @@ func (b *batcher) run(ctx context.Context, keys []string, args ...any) (any, boo
 }
 
 // get reads key with a plain GET, batched as lookups are: see
-// Engine.readFirst. A missing key is a nil reply with no error.
-func (b *batcher) get(ctx context.Context, key string) (any, bool, error) {
-	return b.call(ctx, []string{key}, nil)
+// Engine.readFirst. It returns the value and whether there was one, and
+// whether another node answered. A missing key is no error.
+func (b *batcher) get(ctx context.Context, key string) (string, bool, bool, error) {
+	defer b.inflight.Add(-1)
+	if b.inflight.Add(1) == 1 {
+		// The hot key's path: nothing is made for the queue.
+		return b.getAlone(ctx, key)
+	}
+	res, elsewhere, err := b.queued(ctx, []string{key}, nil)
+	v, ok := res.(string)
+	return v, ok, elsewhere, err
 }
 
 func (b *batcher) call(ctx context.Context, keys []string, args []any) (any, bool, error) {
@@ -72,6 +80,12 @@ func (b *batcher) call(ctx context.Context, keys []string, args []any) (any, boo
 	if b.inflight.Add(1) == 1 {
 		return b.runAlone(ctx, keys, args)
 	}
+	return b.queued(ctx, keys, args)
+}
+
+// queued hands a lookup to the batcher goroutines, starting one if need
+// be, and waits for its reply.
+func (b *batcher) queued(ctx context.Context, keys []string, args []any) (any, bool, error) {
 	lc := &lookupCall{keys: keys, args: args, done: make(chan struct{})}
 	b.mu.Lock()
 	b.queue = append(b.queue, lc)
@@ -94,7 +108,11 @@ func (b *batcher) call(ctx context.Context, keys []string, args []any) (any, boo
 // the L1 may not have.
 func (b *batcher) runAlone(ctx context.Context, keys []string, args []any) (any, bool, error) {
 	if args == nil {
-		return b.getAlone(ctx, keys[0])
+		v, ok, elsewhere, err := b.getAlone(ctx, keys[0])
+		if !ok {
+			return nil, elsewhere, err
+		}
+		return v, elsewhere, err
 	}
 	res, err := wire.Acquire.Run(ctx, b.client, keys, args...).Result()
 	if err == nil || !redirected(err) {
@@ -111,23 +129,29 @@ func (b *batcher) runAlone(ctx context.Context, keys []string, args []any) (any,
 	return res, true, err
 }
 
-// getAlone is runAlone's GET.
-func (b *batcher) getAlone(ctx context.Context, key string) (any, bool, error) {
-	res, err := b.client.Get(ctx, key).Result()
-	if err == nil || errors.Is(err, redis.Nil) {
-		return nilIfMissing(res, err), false, nil
-	}
-	if !redirected(err) {
-		return nil, false, err
+// getAlone is runAlone's GET: the value and whether there was one, and
+// whether another node answered.
+func (b *batcher) getAlone(ctx context.Context, key string) (string, bool, bool, error) {
+	v, err := b.client.Get(ctx, key).Result()
+	switch {
+	case err == nil:
+		return v, true, false, nil
+	case errors.Is(err, redis.Nil):
+		return "", false, false, nil
+	case !redirected(err):
+		return "", false, false, err
 	}
 	if b.moved != nil && strings.HasPrefix(err.Error(), "MOVED ") {
 		b.moved()
 	}
-	res, err = b.single.Get(ctx, key).Result()
-	if errors.Is(err, redis.Nil) {
-		return nil, true, nil
+	v, err = b.single.Get(ctx, key).Result()
+	switch {
+	case err == nil:
+		return v, true, true, nil
+	case errors.Is(err, redis.Nil):
+		return "", false, true, nil
 	}
-	return nilIfMissing(res, err), true, err
+	return "", false, true, err
 }
 
 // nilIfMissing is a GET's reply as the batcher gives it: the value, or nil.

@@ -279,7 +279,7 @@ func (e *Engine) lookup(ctx context.Context, f *flight) attempt {
 	}
 	a := e.lookupOn(ctx, f, n)
 	if reads && a.err == nil && a.r.Kind == wire.Hit {
-		e.hints.found(f.key, time.Now().UnixNano())
+		e.hints.found(f.key, e.keys.Value, time.Now().UnixNano())
 	}
 	if e.l1 != nil && (n != f.l1From || a.r.Elsewhere) {
 		// Read from a node whose invalidations the snap did not follow.

@@ -36,6 +36,7 @@ const (
 
 type hint struct {
 	key   string
+	value string       // key's value key, made once for every read first
 	until atomic.Int64 // Unix ns
 }
 
@@ -48,15 +49,19 @@ func (h *hints) slot(key string) *atomic.Pointer[hint] {
 	return &h.slots[maphash.String(h.seed, key)%hintSlots]
 }
 
-// fresh reports whether key was found in Redis within hintFor.
-func (h *hints) fresh(key string, now int64) bool {
+// fresh reports whether key was found in Redis within hintFor, and
+// returns its value key.
+func (h *hints) fresh(key string, now int64) (string, bool) {
 	p := h.slot(key).Load()
-	return p != nil && p.key == key && now < p.until.Load()
+	if p != nil && p.key == key && now < p.until.Load() {
+		return p.value, true
+	}
+	return "", false
 }
 
-// found records that key was just found in Redis. A hint still current
-// for key is extended without an allocation.
-func (h *hints) found(key string, now int64) {
+// found records that key, whose value key is value(key), was just found in
+// Redis. A hint still current for key is extended without an allocation.
+func (h *hints) found(key string, value func(string) string, now int64) {
 	s := h.slot(key)
 	if p := s.Load(); p != nil && p.key == key {
 		if p.until.Load()-now < int64(hintFor/2) {
@@ -64,7 +69,7 @@ func (h *hints) found(key string, now int64) {
 		}
 		return
 	}
-	p := &hint{key: key}
+	p := &hint{key: key, value: value(key)}
 	p.until.Store(now + int64(hintFor))
 	s.Store(p)
 }
@@ -88,11 +93,11 @@ func (e *Engine) readsFirst(f *flight) bool {
 // found.
 func (e *Engine) readFirst(ctx context.Context, f *flight, n *node) (attempt, bool) {
 	now := time.Now().UnixNano()
-	if !e.hints.fresh(f.key, now) {
+	key, fresh := e.hints.fresh(f.key, now)
+	if !fresh {
 		return attempt{}, false
 	}
-	key := e.keys.Value(f.key)
-	res, elsewhere, err := n.batch.get(ctx, key)
+	v, ok, elsewhere, err := n.batch.get(ctx, key)
 	if err != nil && slotMoving(err) {
 		// A slot being resharded: the script's lookup knows how to wait
 		// for it (lookupMigrating).
@@ -102,11 +107,10 @@ func (e *Engine) readFirst(ctx context.Context, f *flight, n *node) (attempt, bo
 		n.down.report(err)
 		return attempt{err: fmt.Errorf("%w: reading %s: %w", wire.ErrRedis, wire.Quote(key), err)}, true
 	}
-	v, ok := res.(string)
 	if !ok {
 		e.hints.missed(f.key)
 		return attempt{}, false
 	}
-	e.hints.found(f.key, now)
+	e.hints.found(f.key, e.keys.Value, now)
 	return attempt{r: wire.Reply{Kind: wire.Hit, Value: []byte(v), Elsewhere: elsewhere}}, true
 }

@@ -9,24 +9,24 @@ import (
 // does, but can be waited for with a bound and without a goroutine of its
 // own, so that nothing outlives Close.
 type work struct {
-	mu   sync.Mutex
-	n    int
-	zero chan struct{} // closed when n drops to zero; nil while n is zero
+	mu sync.Mutex
+	n  int
+	// zero is closed when n drops to zero. idle makes it, while n is not
+	// zero, for whoever waits: work that comes and goes with nobody
+	// waiting (a hot key's flights, one after another) makes no channel.
+	zero chan struct{}
 }
 
 func (w *work) add() {
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.n == 0 {
-		w.zero = make(chan struct{})
-	}
 	w.n++
+	w.mu.Unlock()
 }
 
 func (w *work) done() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.n--; w.n == 0 {
+	if w.n--; w.n == 0 && w.zero != nil {
 		close(w.zero)
 		w.zero = nil
 	}
@@ -38,6 +38,9 @@ func (w *work) idle() <-chan struct{} {
 	defer w.mu.Unlock()
 	if w.n == 0 {
 		return closedChan
+	}
+	if w.zero == nil {
+		w.zero = make(chan struct{})
 	}
 	return w.zero
 }
