@@ -59,8 +59,8 @@ func TestOriginalGoPeer_LookupAcrossOurStoreDoesNotComputeAgain(t *testing.T) {
 // a store, a Set and a release that lingers. Redis 7.0 reckons each PX from
 // the clock when its SET runs, so a lock set after the value with a
 // relative PX could outlive it by the millisecond the clock ticked between
-// the two (seen in CI: value 499 ms left, lock 500); the scripts give the
-// lock an absolute expiry from a clock read before the value's. The clock
+// the two (seen in CI: value 499 ms left, lock 500); the scripts compare
+// the two PTTLs afterwards and cut or delete such a lock. The clock
 // ticks between two SETs of one script about once in a few hundred, so the
 // test makes a few thousand. (A stall inside a script: the next test.)
 func TestStoreAndSet_LockNeverOutlivesTheValue(t *testing.T) {
@@ -205,7 +205,7 @@ func TestLingeringLock_NeverOutlivesTheValueThroughStalls(t *testing.T) {
 
 // A store or a Set whose TTL Redis refuses (peers never send one: [C3])
 // fails before it writes anything, as a script does not roll back: the
-// value's SET, the one command that can refuse, runs first. The lock keeps
+// value's SET, which can refuse the TTL, runs before any other write. The lock keeps
 // the holder's token, so that its waiters are not left with a done lock
 // and no value.
 func TestStoreAndSet_RefusedTTLWritesNothing(t *testing.T) {

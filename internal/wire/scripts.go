@@ -85,12 +85,17 @@ return {redis.call('PTTL', KEYS[2]), holder}
 // lingering lock costs memolock peers nothing. A linger under 1 ms deletes
 // the lock.
 //
-// The lock's expiry is absolute, reckoned from the clock read (TIME) before
-// the value's SET: Redis before 7.2 reckons each PX from its clock when the
-// command runs, also inside a script, so a relative linger set after the
-// value could outlive it by the time between the two. The value is written
-// first, as its SET is the one command that can refuse an argument (a TTL
-// out of range), and scripts do not roll back.
+// Redis before 7.2 reckons each PX from its clock when the command runs,
+// also inside a script, so a lock set after the value could outlive it by
+// the time between the two: a tick, or however long Redis stalled. So the
+// script then reads the lock's PTTL and the value's, in that order (a
+// stall between the two reads can only make the value's look shorter):
+// the lock outlives the value only if its PTTL is the longer, and then it
+// is cut to the value's PTTL and checked again, or else deleted. This uses
+// no command beyond those of the other scripts (see the README's least
+// privilege rules), where TIME and PEXPIREAT would need more. The value is
+// written first, as its SET is the command that can refuse a conforming
+// peer's argument (a TTL out of range), and scripts do not roll back.
 //
 // A "not found" recorded earlier goes. With a stale time, a copy of the
 // value is kept for that much longer than the value (Options.StaleTTL);
@@ -105,8 +110,6 @@ const StoreSrc = `if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   redis.call('PUBLISH', ARGV[5], 'abandon\n' .. ARGV[1] .. '\n')
   return 0
 end
-local now = redis.call('TIME')
-now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local ttl = tonumber(ARGV[3])
 if ttl == 0 then
   redis.call('SET', KEYS[1], ARGV[2])
@@ -116,8 +119,19 @@ end
 local linger = tonumber(ARGV[6]) or 0
 if ttl > 0 then linger = math.min(linger, ttl) end
 if linger >= 1 then
-  redis.call('SET', KEYS[2], 'done:' .. ARGV[1])
-  redis.call('PEXPIREAT', KEYS[2], string.format('%d', now + linger))
+  redis.call('SET', KEYS[2], 'done:' .. ARGV[1], 'PX', linger)
+  if ttl > 0 then
+    for i = 1, 2 do
+      local lock = redis.call('PTTL', KEYS[2])
+      local left = redis.call('PTTL', KEYS[1])
+      if lock <= left then break end
+      if i == 2 or left < 1 then
+        redis.call('DEL', KEYS[2])
+        break
+      end
+      redis.call('PEXPIRE', KEYS[2], left)
+    end
+  end
 else
   redis.call('DEL', KEYS[2])
 end
@@ -138,23 +152,32 @@ return 1
 // "done:<token>" instead, as the store script does, for at most as long as
 // the value has left (and deletes it if there is no value): a winner in
 // external mode releases so once the value has arrived. As in store, the
-// lock's expiry is absolute, from the clock read before the value's PTTL,
-// so that no time passing inside the script makes it outlive the value.
+// lock's PTTL and the value's are then read and compared, so that no time
+// passing inside the script makes the lock outlive the value.
 // KEYS: lock, value. ARGV: token, events channel, event (an empty one
 // publishes nothing), linger in ms (0: delete).
 // Reply: 1 released, 0 not ours.
 const ReleaseSrc = `if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 local linger = tonumber(ARGV[4]) or 0
-local now = 0
+local left = -1
 if linger >= 1 then
-  now = redis.call('TIME')
-  now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  local left = redis.call('PTTL', KEYS[2])
+  left = redis.call('PTTL', KEYS[2])
   if left == -2 then linger = 0 elseif left >= 0 then linger = math.min(linger, left) end
 end
 if linger >= 1 then
-  redis.call('SET', KEYS[1], 'done:' .. ARGV[1])
-  redis.call('PEXPIREAT', KEYS[1], string.format('%d', now + linger))
+  redis.call('SET', KEYS[1], 'done:' .. ARGV[1], 'PX', linger)
+  if left >= 0 then
+    for i = 1, 2 do
+      local lock = redis.call('PTTL', KEYS[1])
+      left = redis.call('PTTL', KEYS[2])
+      if lock <= left then break end
+      if i == 2 or left < 1 then
+        redis.call('DEL', KEYS[1])
+        break
+      end
+      redis.call('PEXPIRE', KEYS[1], left)
+    end
+  end
 else
   redis.call('DEL', KEYS[1])
 end
@@ -259,9 +282,7 @@ return n
 // value TTL in ms (0: no expiry), value channel, linger in ms, stale time
 // in ms (0: none).
 // Reply: 1.
-const SetSrc = `local now = redis.call('TIME')
-now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local ttl = tonumber(ARGV[3])
+const SetSrc = `local ttl = tonumber(ARGV[3])
 if ttl == 0 then
   redis.call('SET', KEYS[1], ARGV[2])
 else
@@ -270,8 +291,19 @@ end
 local linger = tonumber(ARGV[5]) or 0
 if ttl > 0 then linger = math.min(linger, ttl) end
 if linger >= 1 then
-  redis.call('SET', KEYS[2], 'done:' .. ARGV[1])
-  redis.call('PEXPIREAT', KEYS[2], string.format('%d', now + linger))
+  redis.call('SET', KEYS[2], 'done:' .. ARGV[1], 'PX', linger)
+  if ttl > 0 then
+    for i = 1, 2 do
+      local lock = redis.call('PTTL', KEYS[2])
+      local left = redis.call('PTTL', KEYS[1])
+      if lock <= left then break end
+      if i == 2 or left < 1 then
+        redis.call('DEL', KEYS[2])
+        break
+      end
+      redis.call('PEXPIRE', KEYS[2], left)
+    end
+  end
 else
   redis.call('DEL', KEYS[2])
 end

@@ -152,8 +152,6 @@ namespace MemoLockNet
 "  redis.call('PUBLISH', ARGV[5], 'abandon\\n' .. ARGV[1] .. '\\n')\n" +
 "  return 0\n" +
 "end\n" +
-"local now = redis.call('TIME')\n" +
-"now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)\n" +
 "local ttl = tonumber(ARGV[3])\n" +
 "if ttl == 0 then\n" +
 "  redis.call('SET', KEYS[1], ARGV[2])\n" +
@@ -163,8 +161,19 @@ namespace MemoLockNet
 "local linger = tonumber(ARGV[6]) or 0\n" +
 "if ttl > 0 then linger = math.min(linger, ttl) end\n" +
 "if linger >= 1 then\n" +
-"  redis.call('SET', KEYS[2], 'done:' .. ARGV[1])\n" +
-"  redis.call('PEXPIREAT', KEYS[2], string.format('%d', now + linger))\n" +
+"  redis.call('SET', KEYS[2], 'done:' .. ARGV[1], 'PX', linger)\n" +
+"  if ttl > 0 then\n" +
+"    for i = 1, 2 do\n" +
+"      local lock = redis.call('PTTL', KEYS[2])\n" +
+"      local left = redis.call('PTTL', KEYS[1])\n" +
+"      if lock <= left then break end\n" +
+"      if i == 2 or left < 1 then\n" +
+"        redis.call('DEL', KEYS[2])\n" +
+"        break\n" +
+"      end\n" +
+"      redis.call('PEXPIRE', KEYS[2], left)\n" +
+"    end\n" +
+"  end\n" +
 "else\n" +
 "  redis.call('DEL', KEYS[2])\n" +
 "end\n" +
@@ -202,16 +211,25 @@ namespace MemoLockNet
         public static readonly Script Release = new Script(
 "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end\n" +
 "local linger = tonumber(ARGV[4]) or 0\n" +
-"local now = 0\n" +
+"local left = -1\n" +
 "if linger >= 1 then\n" +
-"  now = redis.call('TIME')\n" +
-"  now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)\n" +
-"  local left = redis.call('PTTL', KEYS[2])\n" +
+"  left = redis.call('PTTL', KEYS[2])\n" +
 "  if left == -2 then linger = 0 elseif left >= 0 then linger = math.min(linger, left) end\n" +
 "end\n" +
 "if linger >= 1 then\n" +
-"  redis.call('SET', KEYS[1], 'done:' .. ARGV[1])\n" +
-"  redis.call('PEXPIREAT', KEYS[1], string.format('%d', now + linger))\n" +
+"  redis.call('SET', KEYS[1], 'done:' .. ARGV[1], 'PX', linger)\n" +
+"  if left >= 0 then\n" +
+"    for i = 1, 2 do\n" +
+"      local lock = redis.call('PTTL', KEYS[1])\n" +
+"      left = redis.call('PTTL', KEYS[2])\n" +
+"      if lock <= left then break end\n" +
+"      if i == 2 or left < 1 then\n" +
+"        redis.call('DEL', KEYS[1])\n" +
+"        break\n" +
+"      end\n" +
+"      redis.call('PEXPIRE', KEYS[1], left)\n" +
+"    end\n" +
+"  end\n" +
 "else\n" +
 "  redis.call('DEL', KEYS[1])\n" +
 "end\n" +

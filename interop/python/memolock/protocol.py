@@ -52,8 +52,6 @@ STORE_SRC = r"""if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   redis.call('PUBLISH', ARGV[5], 'abandon\n' .. ARGV[1] .. '\n')
   return 0
 end
-local now = redis.call('TIME')
-now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local ttl = tonumber(ARGV[3])
 if ttl == 0 then
   redis.call('SET', KEYS[1], ARGV[2])
@@ -63,8 +61,19 @@ end
 local linger = tonumber(ARGV[6]) or 0
 if ttl > 0 then linger = math.min(linger, ttl) end
 if linger >= 1 then
-  redis.call('SET', KEYS[2], 'done:' .. ARGV[1])
-  redis.call('PEXPIREAT', KEYS[2], string.format('%d', now + linger))
+  redis.call('SET', KEYS[2], 'done:' .. ARGV[1], 'PX', linger)
+  if ttl > 0 then
+    for i = 1, 2 do
+      local lock = redis.call('PTTL', KEYS[2])
+      local left = redis.call('PTTL', KEYS[1])
+      if lock <= left then break end
+      if i == 2 or left < 1 then
+        redis.call('DEL', KEYS[2])
+        break
+      end
+      redis.call('PEXPIRE', KEYS[2], left)
+    end
+  end
 else
   redis.call('DEL', KEYS[2])
 end
@@ -95,16 +104,25 @@ return 1
 
 RELEASE_SRC = r"""if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 local linger = tonumber(ARGV[4]) or 0
-local now = 0
+local left = -1
 if linger >= 1 then
-  now = redis.call('TIME')
-  now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  local left = redis.call('PTTL', KEYS[2])
+  left = redis.call('PTTL', KEYS[2])
   if left == -2 then linger = 0 elseif left >= 0 then linger = math.min(linger, left) end
 end
 if linger >= 1 then
-  redis.call('SET', KEYS[1], 'done:' .. ARGV[1])
-  redis.call('PEXPIREAT', KEYS[1], string.format('%d', now + linger))
+  redis.call('SET', KEYS[1], 'done:' .. ARGV[1], 'PX', linger)
+  if left >= 0 then
+    for i = 1, 2 do
+      local lock = redis.call('PTTL', KEYS[1])
+      left = redis.call('PTTL', KEYS[2])
+      if lock <= left then break end
+      if i == 2 or left < 1 then
+        redis.call('DEL', KEYS[1])
+        break
+      end
+      redis.call('PEXPIRE', KEYS[1], left)
+    end
+  end
 else
   redis.call('DEL', KEYS[1])
 end
