@@ -64,6 +64,7 @@ type Client struct {
 	proto    *wire.Protocol // for TryLock's leases
 	hashIDs  bool
 	hashTags bool // Options.HashTags, or a cluster client
+	l1       bool // Options.L1Size: Get looks in the L1 before anything else
 }
 
 // New returns a Client for the values of tag, stored through rdb: a
@@ -113,6 +114,7 @@ func newClient(rdb redis.UniversalClient, tag string, opts *Options, tweak func(
 		proto:    wire.New(rdb, cfg.Keys, cfg.Cluster != nil, cfg.StaleTTL, cfg.RefreshAhead),
 		hashIDs:  opts != nil && opts.HashIDs,
 		hashTags: cfg.Placed,
+		l1:       e.HasL1(),
 	}, nil
 }
 
@@ -181,8 +183,10 @@ func (c *Client) Get(ctx context.Context, id string, fetch FetchFunc) ([]byte, e
 	if fetch == nil {
 		return nil, c.refused(errNilFetch)
 	}
-	if val, _, ok, err := c.cached(ctx, id); ok {
-		return val, err
+	if c != nil && c.l1 { // a nil Client: get refuses it
+		if val, _, ok, err := c.cached(ctx, id); ok {
+			return val, err
+		}
 	}
 	val, _, err := c.get(ctx, id, userFetch(fetch), nil)
 	return val, err

@@ -57,7 +57,13 @@ func (c *Client) GetResult(ctx context.Context, id string, fetch FetchFunc) (Res
 	if fetch == nil {
 		return Result{}, c.refused(errNilFetch)
 	}
-	val, served, ok, err := c.cached(ctx, id)
+	var val []byte
+	var served Served
+	var ok bool
+	var err error
+	if c != nil && c.l1 { // a nil Client: get refuses it
+		val, served, ok, err = c.cached(ctx, id)
+	}
 	if !ok {
 		val, served, err = c.get(ctx, id, userFetch(fetch), nil)
 	}

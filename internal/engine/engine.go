@@ -310,3 +310,6 @@ func (e *Engine) shutdown() {
 	e.meters.close()
 	close(e.closed)
 }
+
+// HasL1 reports whether the engine has an L1 (Config.L1Size).
+func (e *Engine) HasL1() bool { return e.l1 != nil }
