@@ -203,6 +203,56 @@ func TestLingeringLock_NeverOutlivesTheValueThroughStalls(t *testing.T) {
 	}
 }
 
+// A stall as long as the value's whole TTL, right after the lock's SET,
+// leaves both keys expired but still there inside the script, and PTTL reads
+// 0 for both, never less: the lock, set after the value, may expire a
+// millisecond later, so it must go with the value. Redis frees a key's old
+// contents when a SET replaces them, after reckoning the new expiry: a lock
+// key holding a large set stalls the script right after the lock's SET
+// (a few ms here), and a value key holding a smaller one makes the clock
+// tick between the value's SET and the lock's. The TTLs sweep the range
+// the stall covers.
+func TestSet_LockGoesWithAValueThatExpiredDuringTheScript(t *testing.T) {
+	s := redistest.Start(t)
+	raw := rawClient(t, s.Addr)
+	sc := wire.ScriptsFor(false)
+	if err := sc.Set.Load(bg(), raw).Err(); err != nil {
+		t.Fatal(err)
+	}
+	fill := func(key string, n int) {
+		members := make([]any, n)
+		for i := range members {
+			members[i] = i
+		}
+		for i := 0; i < n; i += 10000 {
+			if err := raw.SAdd(bg(), key, members[i:min(i+10000, n)]...).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	fill("big:lock", 200000)
+	fill("big:value", 30000)
+	keys := []string{"gone:k", "gone/lock:k", "gone/nf:k", "gone/stale:k"}
+	for round := range 3 {
+		for ttl := 1; ttl <= 20; ttl++ {
+			pipe := raw.Pipeline()
+			pipe.Copy(bg(), "big:value", keys[0], 0, true)
+			pipe.Copy(bg(), "big:lock", keys[1], 0, true)
+			set := sc.Set.EvalSha(bg(), pipe, keys, "token", "v", ttl, "gone/notif:k", 1000, 0)
+			value, lock := pipe.Exists(bg(), keys[0]), pipe.Exists(bg(), keys[1])
+			if _, err := pipe.Exec(bg()); err != nil {
+				t.Fatalf("round %d, TTL %d ms: %v", round, ttl, err)
+			}
+			if set.Err() != nil {
+				t.Fatal(set.Err())
+			}
+			if value.Val() == 0 && lock.Val() == 1 {
+				t.Fatalf("round %d, TTL %d ms: the value is gone, its lock is still there", round, ttl)
+			}
+		}
+	}
+}
+
 // A store or a Set whose TTL Redis refuses (peers never send one: [C3])
 // fails before it writes anything, as a script does not roll back: the
 // value's SET, which can refuse the TTL, runs before any other write. The lock keeps

@@ -90,8 +90,10 @@ return {redis.call('PTTL', KEYS[2]), holder}
 // the time between the two: a tick, or however long Redis stalled. So the
 // script then reads the lock's PTTL and the value's, in that order (a
 // stall between the two reads can only make the value's look shorter):
-// the lock outlives the value only if its PTTL is the longer, and then it
-// is cut to the value's PTTL and checked again, or else deleted. This uses
+// the lock outlives a value with 1 ms or more left only if its PTTL is the
+// longer, and then it is cut to the value's PTTL and checked again, or
+// else deleted. A value that reads 0 (PTTL never reads less, even for a
+// key that expired while the script ran) takes the lock with it. This uses
 // no command beyond those of the other scripts (see the README's least
 // privilege rules), where TIME and PEXPIREAT would need more. The value is
 // written first, as its SET is the command that can refuse a conforming
@@ -124,11 +126,11 @@ if linger >= 1 then
     for i = 1, 2 do
       local lock = redis.call('PTTL', KEYS[2])
       local left = redis.call('PTTL', KEYS[1])
-      if lock <= left then break end
-      if i == 2 or left < 1 then
+      if left < 1 or (i == 2 and lock > left) then
         redis.call('DEL', KEYS[2])
         break
       end
+      if lock <= left then break end
       redis.call('PEXPIRE', KEYS[2], left)
     end
   end
@@ -170,11 +172,11 @@ if linger >= 1 then
     for i = 1, 2 do
       local lock = redis.call('PTTL', KEYS[1])
       left = redis.call('PTTL', KEYS[2])
-      if lock <= left then break end
-      if i == 2 or left < 1 then
+      if left < 1 or (i == 2 and lock > left) then
         redis.call('DEL', KEYS[1])
         break
       end
+      if lock <= left then break end
       redis.call('PEXPIRE', KEYS[1], left)
     end
   end
@@ -296,11 +298,11 @@ if linger >= 1 then
     for i = 1, 2 do
       local lock = redis.call('PTTL', KEYS[2])
       local left = redis.call('PTTL', KEYS[1])
-      if lock <= left then break end
-      if i == 2 or left < 1 then
+      if left < 1 or (i == 2 and lock > left) then
         redis.call('DEL', KEYS[2])
         break
       end
+      if lock <= left then break end
       redis.call('PEXPIRE', KEYS[2], left)
     end
   end

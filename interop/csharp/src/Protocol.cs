@@ -166,11 +166,11 @@ namespace MemoLockNet
 "    for i = 1, 2 do\n" +
 "      local lock = redis.call('PTTL', KEYS[2])\n" +
 "      local left = redis.call('PTTL', KEYS[1])\n" +
-"      if lock <= left then break end\n" +
-"      if i == 2 or left < 1 then\n" +
+"      if left < 1 or (i == 2 and lock > left) then\n" +
 "        redis.call('DEL', KEYS[2])\n" +
 "        break\n" +
 "      end\n" +
+"      if lock <= left then break end\n" +
 "      redis.call('PEXPIRE', KEYS[2], left)\n" +
 "    end\n" +
 "  end\n" +
@@ -222,11 +222,11 @@ namespace MemoLockNet
 "    for i = 1, 2 do\n" +
 "      local lock = redis.call('PTTL', KEYS[1])\n" +
 "      left = redis.call('PTTL', KEYS[2])\n" +
-"      if lock <= left then break end\n" +
-"      if i == 2 or left < 1 then\n" +
+"      if left < 1 or (i == 2 and lock > left) then\n" +
 "        redis.call('DEL', KEYS[1])\n" +
 "        break\n" +
 "      end\n" +
+"      if lock <= left then break end\n" +
 "      redis.call('PEXPIRE', KEYS[1], left)\n" +
 "    end\n" +
 "  end\n" +

@@ -66,11 +66,11 @@ if linger >= 1 then
     for i = 1, 2 do
       local lock = redis.call('PTTL', KEYS[2])
       local left = redis.call('PTTL', KEYS[1])
-      if lock <= left then break end
-      if i == 2 or left < 1 then
+      if left < 1 or (i == 2 and lock > left) then
         redis.call('DEL', KEYS[2])
         break
       end
+      if lock <= left then break end
       redis.call('PEXPIRE', KEYS[2], left)
     end
   end
@@ -115,11 +115,11 @@ if linger >= 1 then
     for i = 1, 2 do
       local lock = redis.call('PTTL', KEYS[1])
       left = redis.call('PTTL', KEYS[2])
-      if lock <= left then break end
-      if i == 2 or left < 1 then
+      if left < 1 or (i == 2 and lock > left) then
         redis.call('DEL', KEYS[1])
         break
       end
+      if lock <= left then break end
       redis.call('PEXPIRE', KEYS[1], left)
     end
   end
