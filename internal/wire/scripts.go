@@ -366,6 +366,21 @@ func newScripts(shardedPubSub bool) *Scripts {
 		Publish: mk(PublishSrc), Del: mk(DeleteSrc), Set: mk(SetSrc), NotFound: mk(NotFoundSrc), Resurrect: mk(ResurrectSrc)}
 }
 
+// Sources returns the text of every script that clients run, as Redis
+// gets it: with SPUBLISH for PUBLISH when sharded. memolock check reads
+// the commands they call, which Redis checks against the user's ACL rules
+// one by one as a script runs.
+func Sources(shardedPubSub bool) []string {
+	srcs := []string{AcquireSrc, PeekSrc}
+	for _, src := range []string{StoreSrc, ReleaseSrc, RenewSrc, PublishSrc, DeleteSrc, SetSrc, NotFoundSrc, ResurrectSrc} {
+		if shardedPubSub {
+			src = ShardedSrc(src)
+		}
+		srcs = append(srcs, src)
+	}
+	return srcs
+}
+
 // ShardedSrc is src with SPUBLISH for PUBLISH.
 func ShardedSrc(src string) string {
 	return strings.ReplaceAll(src, "redis.call('PUBLISH', ", "redis.call('SPUBLISH', ")

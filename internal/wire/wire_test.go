@@ -1,9 +1,11 @@
 package wire
 
 import (
+	"reflect"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
 
@@ -44,4 +46,31 @@ func TestDecodeAcquire_EveryShape(t *testing.T) {
 func equalReply(a, b Reply) bool {
 	return a.Kind == b.Kind && string(a.Value) == string(b.Value) && a.Resurrected == b.Resurrected &&
 		a.PTTL == b.PTTL && a.Holder == b.Holder && a.ValueTTL == b.ValueTTL && a.HasTTL == b.HasTTL
+}
+
+// Sources lists every script the clients run, in both forms: a script
+// added to Scripts, or to the package's variables, must be added there
+// too, or memolock check would not know the commands it calls.
+func TestSources_EveryScript(t *testing.T) {
+	for _, shardedPubSub := range []bool{false, true} {
+		listed := map[string]bool{}
+		for _, src := range Sources(shardedPubSub) {
+			listed[redis.NewScript(src).Hash()] = true
+		}
+		scripts := []*redis.Script{Acquire, Peek}
+		v := reflect.ValueOf(*ScriptsFor(shardedPubSub))
+		for i := 0; i < v.NumField(); i++ {
+			if s, ok := v.Field(i).Interface().(*redis.Script); ok {
+				scripts = append(scripts, s)
+			}
+		}
+		if len(scripts) != len(listed) {
+			t.Errorf("sharded %v: %d scripts, %d sources", shardedPubSub, len(scripts), len(listed))
+		}
+		for _, s := range scripts {
+			if !listed[s.Hash()] {
+				t.Errorf("sharded %v: script %s is not in Sources", shardedPubSub, s.Hash())
+			}
+		}
+	}
 }
