@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/memolock/memolock"
+	"github.com/memolock/memolock/internal/wire"
 )
 
 // aclFeature is what one feature of memolock needs of a Redis ACL user, for
@@ -430,22 +431,72 @@ var refusedCommand = regexp.MustCompile(`'([a-z_|.-]+)' command`)
 // refusedRule returns the rule whose absence made Redis refuse p with err,
 // or "" if err is no refusal. Redis names the command it refuses, or says
 // that a key or a channel is out of bounds (the words vary with its
-// version).
+// version). Inside a script, Redis 7.0 names no command, but the script
+// and the line: that line of the library's script names it (see
+// scriptCommand).
 func refusedRule(err error, p trial) string {
 	msg := err.Error()
-	if !strings.Contains(msg, "NOPERM") && !strings.Contains(msg, "no permissions") {
+	inScript := strings.Contains(msg, "The user executing the script")
+	if !strings.Contains(msg, "NOPERM") && !strings.Contains(msg, "no permissions") && !inScript {
 		return ""
 	}
 	low := strings.ToLower(msg)
 	switch {
 	case refusedCommand.MatchString(msg):
 		return "+" + refusedCommand.FindStringSubmatch(msg)[1]
+	case inScript && strings.Contains(msg, "can't run this command") && scriptCommand(msg) != "":
+		return "+" + scriptCommand(msg)
 	case strings.Contains(low, "key") && p.keys != "":
 		return p.keys
 	case strings.Contains(low, "channel") && p.chans != "":
 		return p.chans
 	}
 	return p.cmd
+}
+
+// refusedAt finds the script and the line that Redis 7.0 names in a
+// refusal inside a script: "... script: <its SHA1>, on @user_script:7.".
+var refusedAt = regexp.MustCompile(`script: ([0-9a-f]{40}), on @user_script:([0-9]+)`)
+
+// scriptCall finds the commands a Lua script calls: redis.call('GET', ...
+// or redis.pcall("get", ...).
+var scriptCall = regexp.MustCompile(`(?i)redis\.p?call\(\s*['"]([a-z_|.-]+)['"]`)
+
+// libraryScripts maps the SHA1 of each of the library's scripts, in both
+// forms (see wire.Sources), to its text.
+var libraryScripts = sync.OnceValue(func() map[string]string {
+	out := map[string]string{}
+	for _, sharded := range []bool{false, true} {
+		for _, src := range wire.Sources(sharded) {
+			out[redis.NewScript(src).Hash()] = src
+		}
+	}
+	return out
+})
+
+// scriptCommand returns, in lower case, the command that the line named
+// in msg, a refusal inside a script, calls: the command that Redis
+// refused. It returns "" if the script is not the library's, or if that
+// line calls no command, or more than one.
+func scriptCommand(msg string) string {
+	m := refusedAt.FindStringSubmatch(msg)
+	if m == nil {
+		return ""
+	}
+	src, ok := libraryScripts()[m[1]]
+	n, _ := strconv.Atoi(m[2])
+	lines := strings.Split(src, "\n")
+	if !ok || n < 1 || n > len(lines) {
+		return ""
+	}
+	cmd := ""
+	for _, c := range scriptCall.FindAllStringSubmatch(lines[n-1], -1) {
+		if cmd != "" && !strings.EqualFold(c[1], cmd) {
+			return ""
+		}
+		cmd = strings.ToLower(c[1])
+	}
+	return cmd
 }
 
 // allowed turns a refusal-free error reply into success: NOSCRIPT, say,

@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/memolock/memolock/internal/redistest"
+	"github.com/memolock/memolock/internal/wire"
 )
 
 // statusOf returns the status check printed for feature, "" if none.
@@ -125,6 +128,44 @@ func TestCheck_BadUsage(t *testing.T) {
 		inv := memolockCmd(t, nil, tc.args...)
 		if inv.code != 2 || !strings.Contains(inv.stderr, tc.want) || strings.Contains(inv.stderr, "s3cret") {
 			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tc.args, inv.code, inv.stderr, tc.want)
+		}
+	}
+}
+
+// Inside a script, Redis 7.0 names no refused command, but the script and
+// the line: the command is the one that line of the library's script
+// calls, if just one.
+func TestRefusedRule_InAScript(t *testing.T) {
+	refusal := func(src string, line int) error {
+		return fmt.Errorf("ERR The user executing the script can't run this command or subcommand script: %s, on @user_script:%d.", redis.NewScript(src).Hash(), line)
+	}
+	lineOf := func(src, text string) int {
+		for i, l := range strings.Split(src, "\n") {
+			if strings.Contains(l, text) {
+				return i + 1
+			}
+		}
+		t.Fatalf("no line has %q", text)
+		return 0
+	}
+	chans := trial{chans: "&chk/*"}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"renew's PEXPIRE", refusal(wire.RenewSrc, lineOf(wire.RenewSrc, "'PEXPIRE'")), "+pexpire"},
+		{"store's PUBLISH", refusal(wire.StoreSrc, lineOf(wire.StoreSrc, "redis.call('PUBLISH', ARGV[4]")), "+publish"},
+		{"store's SPUBLISH", refusal(wire.ShardedSrc(wire.StoreSrc), lineOf(wire.StoreSrc, "redis.call('PUBLISH', ARGV[4]")), "+spublish"},
+		{"a line with GET and PTTL", refusal(wire.PeekSrc, 1), ""},
+		{"a line beyond the script", refusal(wire.PeekSrc, 9), ""},
+		{"a script not the library's", refusal("return redis.call('TIME')", 1), ""},
+		{"a channel", errors.New("ERR The user executing the script can't publish to the channel mentioned in the command script: 44d03940c54ffa1c23cce67f66c2fda8299138dd, on @user_script:38."), "&chk/*"},
+		{"a refusal that names the command (Redis 7.2 and later, not tried here)", errors.New("ERR ACL failure in script: User app has no permissions to run the 'pexpire' command script: 46da20686de889af8c2725e8ad91bc3a8ad2eabc, on @user_script:6."), "+pexpire"},
+		{"no refusal", errors.New("ERR Error running script (call to f_0123): @user_script:6: oops"), ""},
+	} {
+		if got := refusedRule(tc.err, chans); got != tc.want {
+			t.Errorf("%s: %q, want %q (%v)", tc.name, got, tc.want, tc.err)
 		}
 	}
 }
