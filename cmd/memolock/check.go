@@ -525,7 +525,18 @@ func verdict(name, works, fails string, problems []problem) featureResult {
 // only EVAL's own permission is tried.
 var returnOne = redis.NewScript("return 1")
 
+// core tries what run and the library's calls need, command by command.
 func (ck *checker) core() featureResult {
+	what := "keys, scripts and pub/sub of the tag: run and Get work"
+	if ck.cluster != nil {
+		what = "keys, scripts and sharded pub/sub of the tag, on every master: run and Get work"
+	}
+	return verdict("core", what, "run and Get will fail, or wait for lock time-outs", ck.runProbes(ck.coreTrials()))
+}
+
+// coreTrials are core's trials: the commands memolock sends, one by one (a
+// test holds them to every command the library's scripts call).
+func (ck *checker) coreTrials() []trial {
 	k := ck.keys
 	id := ck.probeID
 	rdb := ck.rdb
@@ -621,11 +632,7 @@ func (ck *checker) core() featureResult {
 			}},
 		)
 	}
-	what := "keys, scripts and pub/sub of the tag: run and Get work"
-	if ck.cluster != nil {
-		what = "keys, scripts and sharded pub/sub of the tag, on every master: run and Get work"
-	}
-	return verdict("core", what, "run and Get will fail, or wait for lock time-outs", ck.runProbes(ps))
+	return ps
 }
 
 // subscribeAndBack subscribes ps to ch and waits for Redis to confirm, or

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/memolock/memolock"
 	"github.com/memolock/memolock/internal/redistest"
 	"github.com/memolock/memolock/internal/wire"
 )
@@ -128,6 +130,56 @@ func TestCheck_BadUsage(t *testing.T) {
 		inv := memolockCmd(t, nil, tc.args...)
 		if inv.code != 2 || !strings.Contains(inv.stderr, tc.want) || strings.Contains(inv.stderr, "s3cret") {
 			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tc.args, inv.code, inv.stderr, tc.want)
+		}
+	}
+}
+
+// Every command that a script of the library calls is tried on its own by
+// core, on one server and on a cluster (SPUBLISH for PUBLISH): Redis checks
+// each command a script runs against the user's rules, so a script that
+// gains one core does not try would fail under a user that check passes.
+func TestCheck_CoreTriesEveryScriptCommand(t *testing.T) {
+	anyCall := regexp.MustCompile(`(?i)redis\s*\.\s*p?call\s*\(`)
+	named := regexp.MustCompile(`(?i)redis\s*\.\s*p?call\s*\(\s*["']([^"']+)["']`)
+	keys, err := memolock.NewKeyScheme("chk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	defer cc.Close()
+	for _, tc := range []struct {
+		name    string
+		ck      *checker
+		sharded bool
+		publish string
+	}{
+		{"one server", &checker{tag: "chk", keys: keys, probeID: "p"}, false, "+publish"},
+		{"cluster", &checker{tag: "chk", keys: keys, probeID: "{p}", rdb: cc, cluster: cc}, true, "+spublish"},
+	} {
+		tried := map[string]bool{}
+		for _, p := range tc.ck.coreTrials() {
+			tried[p.cmd] = true
+		}
+		called := map[string]bool{}
+		for _, src := range wire.Sources(tc.sharded) {
+			calls := named.FindAllStringSubmatch(src, -1)
+			if n := len(anyCall.FindAllString(src, -1)); n != len(calls) {
+				t.Errorf("%s: a script calls %d commands, %d of them by a name in quotes: which command the others call cannot be told:\n%s", tc.name, n, len(calls), src)
+			}
+			for _, c := range calls {
+				called["+"+strings.ToLower(c[1])] = true
+			}
+		}
+		// The parsing found what the scripts are known to call.
+		for _, cmd := range []string{"+get", "+set", "+del", "+pttl", "+pexpire", tc.publish} {
+			if !called[cmd] {
+				t.Errorf("%s: no script calls %s: %v", tc.name, cmd, called)
+			}
+		}
+		for cmd := range called {
+			if !tried[cmd] {
+				t.Errorf("%s: a script calls %s, which core does not try on its own", tc.name, cmd)
+			}
 		}
 	}
 }
