@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -500,5 +501,155 @@ func TestACL_Watch(t *testing.T) {
 				t.Error(msg)
 			}
 		})
+	}
+}
+
+// probeChecker returns a checker of tag as the user app (see setUser) on
+// nodes, a cluster if there are more than one, with a probe id of its own:
+// for trials called one by one.
+func probeChecker(t *testing.T, nodes []*redistest.Server, tag string) *checker {
+	t.Helper()
+	keys, err := memolock.NewKeyScheme(tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := fmt.Sprintf("probe-%d", aclIDs.Add(1))
+	ck := &checker{tag: tag, keys: keys, user: "app", probeID: id, id: id, token: "check-" + id}
+	if len(nodes) == 1 {
+		opts, err := parseRedisURL(userURL("app", nodes[0].Addr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ck.single = redis.NewClient(opts)
+		ck.rdb = ck.single
+	} else {
+		ck.cluster = redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr}, Username: "app", Password: aclPassword})
+		ck.rdb = ck.cluster
+		ck.probeID, _ = memolock.PlaceID(id)
+	}
+	t.Cleanup(func() { ck.rdb.Close() })
+	return ck
+}
+
+// tryLibrary runs ck's libraryTrial and returns its error, the rule that
+// check names for it, and how long it took.
+func tryLibrary(ck *checker) (error, string, time.Duration) {
+	tr := ck.libraryTrial()
+	t0 := time.Now()
+	err := ck.call(tr.try)
+	took := time.Since(t0)
+	if err == nil {
+		return nil, "", took
+	}
+	return err, refusedRule(err, tr), took
+}
+
+// core's trial of the library's own calls (libraryTrial): a user with the
+// core recipe passes it, and nothing is left behind; a user without a rule
+// that the library's scripts need fails it at once, and check names the
+// rule, though Redis 7.0 names no command that it refuses inside a script.
+// A key refused among a script's keys does not tell which key rule is
+// missing (the GET and SET trials tell). Without +pexpire, which of what
+// the trial runs only the renewal script calls, check's core fails twice
+// for it: PEXPIRE on its own, and the trial.
+func TestACL_CoreThroughTheLibrary(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	nodes := []*redistest.Server{srv}
+	const tag = "acl"
+	rules := rulesFor("core", tag, 0)
+	setUser(t, nodes, "app", rules)
+	if err, _, _ := tryLibrary(probeChecker(t, nodes, tag)); err != nil {
+		t.Fatalf("with the recipe's rules: %v", err)
+	}
+	if keys := admin.Keys(ctx, "*").Val(); len(keys) > 0 {
+		t.Errorf("with the recipe's rules, the trial left %v", keys)
+	}
+	// Only the subscriber sends these, and the trial waits for nobody.
+	unused := []string{"+ping", "+subscribe", "+unsubscribe"}
+	for i, rule := range rules {
+		t.Run("without "+rule, func(t *testing.T) {
+			setUser(t, nodes, "app", without(rules, i))
+			ck := probeChecker(t, nodes, tag)
+			err, named, took := tryLibrary(ck)
+			ck.cleanUp()
+			switch {
+			case slices.Contains(unused, rule):
+				if err != nil {
+					t.Errorf("fails: %v", err)
+				}
+			case err == nil:
+				t.Errorf("passes")
+			case took > 2*time.Second:
+				t.Errorf("took %v to fail: %v", took, err)
+			case strings.HasPrefix(rule, "~"):
+				if named != "" || !strings.Contains(err.Error(), "keys") {
+					t.Errorf("names %q for %v", named, err)
+				}
+			case named != rule:
+				t.Errorf("names %q for %v", named, err)
+			}
+			if keys := admin.Keys(ctx, "*").Val(); len(keys) > 0 {
+				t.Errorf("left behind after cleanUp: %v", keys)
+			}
+		})
+	}
+
+	setUser(t, nodes, "app", without(rules, slices.Index(rules, "+pexpire")))
+	ck := probeChecker(t, nodes, tag)
+	r := ck.core()
+	ck.cleanUp()
+	if r.status != checkFail || len(r.problems) != 1 || r.problems[0].rule != "+pexpire" || r.problems[0].more != 1 {
+		t.Errorf("core without +pexpire: %s %s, %+v; want FAIL, +pexpire missing for PEXPIRE and the trial", r.status, r.detail, r.problems)
+	}
+	url := userURL("app", srv.Addr)
+	inv := memolockCmd(t, nil, "check", "--redis", url, "--tag", tag, "--features", "core")
+	if inv.code != 1 || statusOf(inv.stdout, "core") != "FAIL" || !strings.Contains(inv.stdout, "missing: +pexpire (and 1 more of the commands tried)\n") ||
+		inv.stderr != "" || strings.Contains(inv.stdout, aclPassword) {
+		t.Errorf("check without +pexpire: exit %d:\n%s%s", inv.code, inv.stdout, inv.stderr)
+	}
+	if keys := admin.Keys(ctx, "*").Val(); len(keys) > 0 {
+		t.Errorf("left behind: %v", keys)
+	}
+}
+
+// The same trial on a cluster, whose scripts publish with SPUBLISH.
+func TestACL_ClusterThroughTheLibrary(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].Addr}})
+	defer admin.Close()
+	left := func() []string {
+		var mu sync.Mutex
+		var keys []string
+		_ = admin.ForEachMaster(context.Background(), func(ctx context.Context, n *redis.Client) error {
+			k := n.Keys(ctx, "*").Val()
+			mu.Lock()
+			keys = append(keys, k...)
+			mu.Unlock()
+			return nil
+		})
+		return keys
+	}
+	const tag = "acl"
+	rules := rulesFor("cluster", tag, 0)
+	setUser(t, nodes, "app", rules)
+	if err, _, _ := tryLibrary(probeChecker(t, nodes, tag)); err != nil {
+		t.Fatalf("with the recipe's rules: %v", err)
+	}
+	if keys := left(); len(keys) > 0 {
+		t.Errorf("with the recipe's rules, the trial left %v", keys)
+	}
+	for _, rule := range []string{"+spublish", "+pexpire"} {
+		setUser(t, nodes, "app", without(rules, slices.Index(rules, rule)))
+		ck := probeChecker(t, nodes, tag)
+		err, named, _ := tryLibrary(ck)
+		ck.cleanUp()
+		if err == nil || named != rule {
+			t.Errorf("without %s: names %q for %v", rule, named, err)
+		}
+		if keys := left(); len(keys) > 0 {
+			t.Errorf("without %s: left behind after cleanUp: %v", rule, keys)
+		}
 	}
 }

@@ -8,11 +8,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -67,7 +69,7 @@ var checkCommand = command{
 	usage:   []string{"check --tag T [--redis URL [--cluster]] [--features LIST]"},
 	about: `Tries what memolock does on the server, as the user of the URL, for one tag: it reaches the server and authenticates, reads its version and mode (one server or a cluster node), then, feature by feature, runs the commands the feature needs on the keys and channels of a probe id of its own (memolock-check-...): it writes only those keys, with a TTL of 10s, and deletes them.
 
-Features: core (run and the library's Get: keys, scripts, pub/sub; with --cluster, as a cluster client: CLUSTER SLOTS, sharded pub/sub, and the user on every master); l1 (Options.L1Size: CLIENT TRACKING, and an invalidation that arrives on __redis__:invalidate; one server only); inspect and watch (read-only; watch also needs notify-keyspace-events with K, $ and x to show takeovers, which check reads with CONFIG GET if the user may).
+Features: core (run and the library's Get: keys, scripts, pub/sub, command by command, then a Get, Set, Delete and TryLock on the probe id through the library's own scripts, as Redis checks each command a script calls; with --cluster, as a cluster client: CLUSTER SLOTS, sharded pub/sub, and the user on every master); l1 (Options.L1Size: CLIENT TRACKING, and an invalidation that arrives on __redis__:invalidate; one server only); inspect and watch (read-only; watch also needs notify-keyspace-events with K, $ and x to show takeovers, which check reads with CONFIG GET if the user may).
 
 For every refusal it names the ACL rule to add, and ends with the ACL SETUSER command that adds them all. The recipe per feature (the README's "Least privilege" section):
 
@@ -140,6 +142,7 @@ type checker struct {
 	user    string
 	keys    memolock.KeyScheme
 	probeID string // as placed on the wire
+	id      string // the probe id as the library's calls take it, not placed
 	token   string
 	canSet  bool // core could write the probe's value key
 	// The URL names a user but no password: redis-cli would read the
@@ -203,6 +206,7 @@ func check(args []string, stdout, stderr io.Writer) int {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	ck.probeID, ck.token = "memolock-check-"+hex.EncodeToString(b[:]), "memolock-check-"+hex.EncodeToString(b[3:])
+	ck.id = ck.probeID
 	if *cluster {
 		opts, err := parseClusterURL(url)
 		if err != nil {
@@ -525,7 +529,8 @@ func verdict(name, works, fails string, problems []problem) featureResult {
 // only EVAL's own permission is tried.
 var returnOne = redis.NewScript("return 1")
 
-// core tries what run and the library's calls need, command by command.
+// core tries what run and the library's calls need: each command on its
+// own, then the library's own scripts.
 func (ck *checker) core() featureResult {
 	what := "keys, scripts and pub/sub of the tag: run and Get work"
 	if ck.cluster != nil {
@@ -534,8 +539,9 @@ func (ck *checker) core() featureResult {
 	return verdict("core", what, "run and Get will fail, or wait for lock time-outs", ck.runProbes(ck.coreTrials()))
 }
 
-// coreTrials are core's trials: the commands memolock sends, one by one (a
-// test holds them to every command the library's scripts call).
+// coreTrials are core's trials: the commands memolock sends, one by one
+// (a test holds them to every command the library's scripts call), then
+// the library's calls themselves (see libraryTrial).
 func (ck *checker) coreTrials() []trial {
 	k := ck.keys
 	id := ck.probeID
@@ -632,7 +638,111 @@ func (ck *checker) coreTrials() []trial {
 			}},
 		)
 	}
-	return ps
+	return append(ps, ck.libraryTrial())
+}
+
+// libraryTrial runs what the library itself does, on the probe id: Redis
+// checks every command that a script calls against the user's rules, which
+// the trials of single commands cannot tell. Delete first (the value that
+// the SET trial wrote goes), then a Get whose fetch returns a small value
+// (the acquire script, then the store script, which publishes and leaves
+// the lock lingering), Set, Delete again, and a lease of TryLock, renewed
+// and released: every script the core recipe covers but publish, not
+// found and resurrect (for a fetch that returns no value to keep, or
+// fails), which call no command beyond those. What it writes lives 10 s at
+// most, and cleanUp deletes it.
+func (ck *checker) libraryTrial() trial {
+	return trial{what: "Get, Set, Delete and TryLock (renewed, released) on " + show(ck.keys.Value(ck.probeID)) + " through the library's scripts",
+		chans: ck.rule("&{T}/*"), try: ck.throughLibrary}
+}
+
+// throughLibrary makes libraryTrial's calls, with a Client of its own over
+// the checker's redis client, and returns the first failure. A store that
+// fails does not fail Get, which returns the fetched value all the same:
+// the Client's Logger tells it.
+func (ck *checker) throughLibrary(ctx context.Context) error {
+	logged := &firstError{}
+	c, err := memolock.New(ck.rdb, ck.tag, &memolock.Options{LockTTL: 5 * time.Second, Logger: slog.New(logged)})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	value := []byte("memolock check")
+	if _, err := c.Delete(ctx, ck.id); err != nil {
+		return fmt.Errorf("Delete: %w", err)
+	}
+	var fetched atomic.Bool
+	_, err = c.Get(ctx, ck.id, func(context.Context, *memolock.Lease) ([]byte, time.Duration, error) {
+		fetched.Store(true)
+		return value, 10 * time.Second, nil
+	})
+	switch s := c.Stats(); {
+	case err != nil:
+		return fmt.Errorf("Get: %w", err)
+	case logged.get() != nil:
+		return fmt.Errorf("Get: %w", logged.get())
+	case !fetched.Load():
+		return errors.New("Get: a value was there already (written by somebody else since Delete), so no store was tried")
+	case s.StoreErrors > 0 || s.LeaseLost > 0:
+		return errors.New("Get: the value was not stored")
+	}
+	if err := c.Set(ctx, ck.id, value, 10*time.Second); err != nil {
+		return fmt.Errorf("Set: %w", err)
+	}
+	if _, err := c.Delete(ctx, ck.id); err != nil {
+		return fmt.Errorf("Delete: %w", err)
+	}
+	lease, err := c.TryLock(ctx, ck.id, 5*time.Second)
+	if err != nil {
+		return fmt.Errorf("TryLock: %w", err)
+	}
+	if err := lease.Renew(ctx, 10*time.Second); err != nil {
+		_ = lease.Release(ctx) // or cleanUp deletes it
+		return fmt.Errorf("Renew: %w", err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		return fmt.Errorf("Release: %w", err)
+	}
+	return nil
+}
+
+// firstError is a slog.Handler that keeps the error of the first warning
+// that carries one: how a Client tells of a store that failed.
+type firstError struct {
+	mu  sync.Mutex
+	err error
+}
+
+// Enabled takes warnings and worse: a failed store is a warning.
+func (h *firstError) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+
+// Handle keeps r's error, if it carries one and none was kept before.
+func (h *firstError) Handle(_ context.Context, r slog.Record) error {
+	r.Attrs(func(a slog.Attr) bool {
+		err, ok := a.Value.Any().(error)
+		if ok {
+			h.mu.Lock()
+			if h.err == nil {
+				h.err = err
+			}
+			h.mu.Unlock()
+		}
+		return !ok
+	})
+	return nil
+}
+
+// WithAttrs returns h: only a record's own error matters.
+func (h *firstError) WithAttrs([]slog.Attr) slog.Handler { return h }
+
+// WithGroup returns h, as WithAttrs does.
+func (h *firstError) WithGroup(string) slog.Handler { return h }
+
+// get returns the error kept, if any.
+func (h *firstError) get() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err
 }
 
 // subscribeAndBack subscribes ps to ch and waits for Redis to confirm, or
@@ -911,9 +1021,11 @@ func (ck *checker) transaction(ctx context.Context) error {
 }
 
 // cleanUp deletes the probe's keys, if the user may; they expire anyway.
+// The library's calls write the value and the lock, and TryLock a key of
+// its own.
 func (ck *checker) cleanUp() {
 	_ = ck.call(func(ctx context.Context) error {
-		for _, key := range []string{ck.keys.Value(ck.probeID), ck.keys.Lock(ck.probeID)} {
+		for _, key := range []string{ck.keys.Value(ck.probeID), ck.keys.Lock(ck.probeID), wire.NewKeys(ck.tag).Mutex(ck.id)} {
 			_ = ck.rdb.Del(ctx, key).Err()
 		}
 		return nil

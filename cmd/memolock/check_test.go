@@ -153,8 +153,8 @@ func TestCheck_CoreTriesEveryScriptCommand(t *testing.T) {
 		sharded bool
 		publish string
 	}{
-		{"one server", &checker{tag: "chk", keys: keys, probeID: "p"}, false, "+publish"},
-		{"cluster", &checker{tag: "chk", keys: keys, probeID: "{p}", rdb: cc, cluster: cc}, true, "+spublish"},
+		{"one server", &checker{tag: "chk", keys: keys, probeID: "p", id: "p"}, false, "+publish"},
+		{"cluster", &checker{tag: "chk", keys: keys, probeID: "{p}", id: "p", rdb: cc, cluster: cc}, true, "+spublish"},
 	} {
 		tried := map[string]bool{}
 		for _, p := range tc.ck.coreTrials() {
