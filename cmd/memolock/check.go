@@ -69,7 +69,7 @@ var checkCommand = command{
 	usage:   []string{"check --tag T [--redis URL [--cluster]] [--features LIST]"},
 	about: `Tries what memolock does on the server, as the user of the URL, for one tag: it reaches the server and authenticates, reads its version and mode (one server or a cluster node), then, feature by feature, runs the commands the feature needs on the keys and channels of a probe id of its own (memolock-check-...): it writes only those keys, with a TTL of 10s, and deletes them.
 
-Features: core (run and the library's Get: keys, scripts, pub/sub, command by command, then a Get, Set, Delete and TryLock on the probe id through the library's own scripts, as Redis checks each command a script calls; with --cluster, as a cluster client: CLUSTER SLOTS, sharded pub/sub, and the user on every master); l1 (Options.L1Size: CLIENT TRACKING, and an invalidation that arrives on __redis__:invalidate; one server only); inspect and watch (read-only; watch also needs notify-keyspace-events with K, $ and x to show takeovers, which check reads with CONFIG GET if the user may).
+Features: core (run and the library's Get: keys, scripts, pub/sub, command by command, then a Get, Set, Delete and TryLock on the probe id through the library's own scripts, as Redis checks each command a script calls (before Redis 7.0, which TryLock needs, a warning instead of TryLock); with --cluster, as a cluster client: CLUSTER SLOTS, sharded pub/sub, and the user on every master); l1 (Options.L1Size: CLIENT TRACKING, and an invalidation that arrives on __redis__:invalidate; one server only); inspect and watch (read-only; watch also needs notify-keyspace-events with K, $ and x to show takeovers, which check reads with CONFIG GET if the user may).
 
 For every refusal it names the ACL rule to add, and ends with the ACL SETUSER command that adds them all. The recipe per feature (the README's "Least privilege" section):
 
@@ -144,7 +144,8 @@ type checker struct {
 	probeID string // as placed on the wire
 	id      string // the probe id as the library's calls take it, not placed
 	token   string
-	canSet  bool // core could write the probe's value key
+	version string // the server's, as server read it ("" before)
+	canSet  bool   // core could write the probe's value key
 	// The URL names a user but no password: redis-cli would read the
 	// name as the password, so it is never printed.
 	userWithheld bool
@@ -343,6 +344,7 @@ func (ck *checker) server() featureResult {
 		return r
 	}
 	mode := info["mode"]
+	ck.version = info["version"]
 	r.status, r.detail = checkOK, fmt.Sprintf("Redis %s, %s, answered in %v", info["version"], mode, took.Round(time.Microsecond*100))
 	switch {
 	case mode == "cluster" && ck.cluster == nil:
@@ -530,13 +532,28 @@ func verdict(name, works, fails string, problems []problem) featureResult {
 var returnOne = redis.NewScript("return 1")
 
 // core tries what run and the library's calls need: each command on its
-// own, then the library's own scripts.
+// own, then the library's own scripts. Before Redis 7.0, TryLock cannot
+// work (see tryLock): core warns.
 func (ck *checker) core() featureResult {
 	what := "keys, scripts and pub/sub of the tag: run and Get work"
 	if ck.cluster != nil {
 		what = "keys, scripts and sharded pub/sub of the tag, on every master: run and Get work"
 	}
-	return verdict("core", what, "run and Get will fail, or wait for lock time-outs", ck.runProbes(ck.coreTrials()))
+	r := verdict("core", what, "run and Get will fail, or wait for lock time-outs", ck.runProbes(ck.coreTrials()))
+	if r.status == checkOK && !ck.tryLock() {
+		r.status = checkWarn
+		r.detail += fmt.Sprintf("; but not TryLock, which needs Redis 7.0 (SET with both NX and GET), and this is %s: not tried", ck.version)
+	}
+	return r
+}
+
+// tryLock reports whether TryLock can work on the server: it sends SET
+// with both NX and GET, which Redis 6.2 refuses ("ERR syntax error") and
+// Redis 6.0 does not know. A version that server could not read is tried.
+func (ck *checker) tryLock() bool {
+	major, _, _ := strings.Cut(ck.version, ".")
+	n, err := strconv.Atoi(major)
+	return err != nil || n >= 7
 }
 
 // coreTrials are core's trials: the commands memolock sends, one by one
@@ -649,17 +666,22 @@ func (ck *checker) coreTrials() []trial {
 // the lock lingering), Set, Delete again, and a lease of TryLock, renewed
 // and released: every script the core recipe covers but publish, not
 // found and resurrect (for a fetch that returns no value to keep, or
-// fails), which call no command beyond those. What it writes lives 10 s at
-// most, and cleanUp deletes it.
+// fails), which call no command beyond those. Before Redis 7.0 there is
+// no TryLock (see tryLock), and so no renewal or release script either:
+// their commands are tried on their own all the same. What it writes lives
+// 10 s at most, and cleanUp deletes it.
 func (ck *checker) libraryTrial() trial {
-	return trial{what: "Get, Set, Delete and TryLock (renewed, released) on " + show(ck.keys.Value(ck.probeID)) + " through the library's scripts",
-		chans: ck.rule("&{T}/*"), try: ck.throughLibrary}
+	what := "Get, Set, Delete and TryLock (renewed, released) on " + show(ck.keys.Value(ck.probeID)) + " through the library's scripts"
+	if !ck.tryLock() {
+		what = "Get, Set and Delete on " + show(ck.keys.Value(ck.probeID)) + " through the library's scripts (not TryLock, which needs Redis 7.0)"
+	}
+	return trial{what: what, chans: ck.rule("&{T}/*"), try: ck.throughLibrary}
 }
 
-// throughLibrary makes libraryTrial's calls, with a Client of its own over
-// the checker's redis client, and returns the first failure. A store that
-// fails does not fail Get, which returns the fetched value all the same:
-// the Client's Logger tells it.
+// throughLibrary makes libraryTrial's calls (TryLock's only from Redis
+// 7.0), with a Client of its own over the checker's redis client, and
+// returns the first failure. A store that fails does not fail Get, which
+// returns the fetched value all the same: the Client's Logger tells it.
 func (ck *checker) throughLibrary(ctx context.Context) error {
 	logged := &firstError{}
 	c, err := memolock.New(ck.rdb, ck.tag, &memolock.Options{LockTTL: 5 * time.Second, Logger: slog.New(logged)})
@@ -691,6 +713,9 @@ func (ck *checker) throughLibrary(ctx context.Context) error {
 	}
 	if _, err := c.Delete(ctx, ck.id); err != nil {
 		return fmt.Errorf("Delete: %w", err)
+	}
+	if !ck.tryLock() {
+		return nil
 	}
 	lease, err := c.TryLock(ctx, ck.id, 5*time.Second)
 	if err != nil {

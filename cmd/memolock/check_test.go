@@ -1,12 +1,19 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -218,6 +225,183 @@ func TestRefusedRule_InAScript(t *testing.T) {
 	} {
 		if got := refusedRule(tc.err, chans); got != tc.want {
 			t.Errorf("%s: %q, want %q (%v)", tc.name, got, tc.want, tc.err)
+		}
+	}
+}
+
+// Before Redis 7.0, TryLock cannot work (it sends SET with both NX and
+// GET): check's core does not try it there, and says so in a warning; the
+// rest of core passes with the core recipe, on a server that passes for
+// Redis 6.2.14 (see olderRedis).
+func TestCheck_CoreBeforeRedis7(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	const tag = "old"
+	setUser(t, []*redistest.Server{srv}, "app", rulesFor("core", tag, 0))
+	addr := olderRedis(t, srv.Addr)
+	inv := memolockCmd(t, nil, "check", "--redis", userURL("app", addr), "--tag", tag, "--features", "core")
+	if inv.code != 0 || statusOf(inv.stdout, "core") != "warn" || !strings.Contains(inv.stdout, "Redis 6.2.14, standalone") ||
+		!strings.Contains(inv.stdout, "not TryLock, which needs Redis 7.0") || inv.stderr != "" {
+		t.Errorf("exit %d; want 0, and core warn that TryLock needs Redis 7.0:\n%s%s", inv.code, inv.stdout, inv.stderr)
+	}
+	if keys := admin.Keys(ctx, "*").Val(); len(keys) > 0 {
+		t.Errorf("left behind: %v", keys)
+	}
+	// The proxy passes for Redis 6.2 indeed: TryLock fails through it.
+	rdb := redis.NewClient(&redis.Options{Addr: addr, Username: "app", Password: aclPassword})
+	defer rdb.Close()
+	c, err := memolock.New(rdb, tag, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.TryLock(ctx, "x", time.Second); err == nil || !strings.Contains(err.Error(), "ERR syntax error") {
+		t.Errorf("TryLock through the proxy: %v, want ERR syntax error", err)
+	}
+}
+
+// olderRedis starts a TCP proxy to the server at target that passes for
+// Redis 6.2.14: it puts that version in the replies to HELLO, and makes
+// the server refuse a SET with both NX and GET as 6.2 does ("ERR syntax
+// error"), by adding an argument that SET does not know. It returns the
+// proxy's address, and stops the proxy when the test ends.
+func olderRedis(t *testing.T, target string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		conns  []net.Conn
+		closed bool
+	)
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		closed = true
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			client, err := l.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial("tcp", target)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			mu.Lock()
+			if closed {
+				mu.Unlock()
+				client.Close()
+				server.Close()
+				return
+			}
+			conns = append(conns, client, server)
+			wg.Add(2)
+			mu.Unlock()
+			go func() {
+				defer wg.Done()
+				defer server.Close()
+				forwardCommands(client, server)
+			}()
+			go func() {
+				defer wg.Done()
+				defer client.Close()
+				forwardReplies(server, client)
+			}()
+		}
+	}()
+	return l.Addr().String()
+}
+
+// forwardCommands passes the commands read from client to server, one by
+// one, a SET with both NX and GET with one argument more.
+func forwardCommands(client, server net.Conn) {
+	rd := bufio.NewReader(client)
+	for {
+		args, err := readCommand(rd)
+		if err != nil {
+			return
+		}
+		if len(args) > 3 && strings.EqualFold(args[0], "set") &&
+			slices.ContainsFunc(args[3:], func(a string) bool { return strings.EqualFold(a, "nx") }) &&
+			slices.ContainsFunc(args[3:], func(a string) bool { return strings.EqualFold(a, "get") }) {
+			args = append(args, "as-redis-6.2")
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "*%d\r\n", len(args))
+		for _, a := range args {
+			fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+		}
+		if _, err := io.WriteString(server, b.String()); err != nil {
+			return
+		}
+	}
+}
+
+// readCommand reads one command, an array of bulk strings, as clients send
+// them.
+func readCommand(rd *bufio.Reader) ([]string, error) {
+	line := func(prefix byte) (int, error) {
+		l, err := rd.ReadString('\n')
+		if err != nil {
+			return 0, err
+		}
+		if len(l) < 3 || l[0] != prefix {
+			return 0, fmt.Errorf("not %c: %q", prefix, l)
+		}
+		return strconv.Atoi(strings.TrimRight(l[1:], "\r\n"))
+	}
+	n, err := line('*')
+	if err != nil {
+		return nil, err
+	}
+	args := make([]string, n)
+	for i := range args {
+		size, err := line('$')
+		if err != nil {
+			return nil, err
+		}
+		b := make([]byte, size+2)
+		if _, err := io.ReadFull(rd, b); err != nil {
+			return nil, err
+		}
+		args[i] = string(b[:size])
+	}
+	return args, nil
+}
+
+// helloVersion is the version in HELLO's reply (a map, or with RESP2 an
+// array, of bulk strings).
+var helloVersion = regexp.MustCompile(`\$7\r\nversion\r\n\$[0-9]+\r\n[^\r]*\r\n`)
+
+// forwardReplies passes what server sends to client, with the version in
+// HELLO's replies that of Redis 6.2.14. A reply comes in one read, as the
+// server writes each in one go on loopback: a version cut across two reads
+// would stay as it is, and the test see it.
+func forwardReplies(server, client net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := server.Read(buf)
+		if n > 0 {
+			if _, werr := client.Write(helloVersion.ReplaceAllLiteral(buf[:n], []byte("$7\r\nversion\r\n$6\r\n6.2.14\r\n"))); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
 		}
 	}
 }
