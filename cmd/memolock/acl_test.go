@@ -551,13 +551,15 @@ func tryLibrary(ck *checker) (error, string, time.Duration) {
 // A key refused among a script's keys does not tell which key rule is
 // missing (the GET and SET trials tell). Without +pexpire, which of what
 // the trial runs only the renewal script calls, check's core fails twice
-// for it: PEXPIRE on its own, and the trial.
+// for it: PEXPIRE on its own, and the trial. The tag is "channel": the
+// library's errors name keys, a key refused must not pass for a channel
+// refused (see refusedRule).
 func TestACL_CoreThroughTheLibrary(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	ctx := context.Background()
 	nodes := []*redistest.Server{srv}
-	const tag = "acl"
+	const tag = "channel"
 	rules := rulesFor("core", tag, 0)
 	setUser(t, nodes, "app", rules)
 	if err, _, _ := tryLibrary(probeChecker(t, nodes, tag)); err != nil {

@@ -439,9 +439,15 @@ var refusedCommand = regexp.MustCompile(`'([a-z_|.-]+)' command`)
 // that a key or a channel is out of bounds (the words vary with its
 // version). Inside a script, Redis 7.0 names no command, but the script
 // and the line: that line of the library's script names it (see
-// scriptCommand).
+// scriptCommand). Only Redis's reply is read, not what wraps it: the
+// library's errors name keys, and so the tag, which may hold "key" or
+// "channel".
 func refusedRule(err error, p trial) string {
-	msg := err.Error()
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return ""
+	}
+	msg := reply.Error()
 	inScript := strings.Contains(msg, "The user executing the script")
 	if !strings.Contains(msg, "NOPERM") && !strings.Contains(msg, "no permissions") && !inScript {
 		return ""

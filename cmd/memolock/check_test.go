@@ -191,12 +191,21 @@ func TestCheck_CoreTriesEveryScriptCommand(t *testing.T) {
 	}
 }
 
+// reply is an error reply of Redis, as go-redis returns it (a redis.Error).
+type reply string
+
+// Error returns the reply's text.
+func (r reply) Error() string { return string(r) }
+
+// RedisError marks reply as Redis's.
+func (reply) RedisError() {}
+
 // Inside a script, Redis 7.0 names no refused command, but the script and
 // the line: the command is the one that line of the library's script
 // calls, if just one.
 func TestRefusedRule_InAScript(t *testing.T) {
 	refusal := func(src string, line int) error {
-		return fmt.Errorf("ERR The user executing the script can't run this command or subcommand script: %s, on @user_script:%d.", redis.NewScript(src).Hash(), line)
+		return reply(fmt.Sprintf("ERR The user executing the script can't run this command or subcommand script: %s, on @user_script:%d.", redis.NewScript(src).Hash(), line))
 	}
 	lineOf := func(src, text string) int {
 		for i, l := range strings.Split(src, "\n") {
@@ -219,9 +228,9 @@ func TestRefusedRule_InAScript(t *testing.T) {
 		{"a line with GET and PTTL", refusal(wire.PeekSrc, 1), ""},
 		{"a line beyond the script", refusal(wire.PeekSrc, 9), ""},
 		{"a script not the library's", refusal("return redis.call('TIME')", 1), ""},
-		{"a channel", errors.New("ERR The user executing the script can't publish to the channel mentioned in the command script: 44d03940c54ffa1c23cce67f66c2fda8299138dd, on @user_script:38."), "&chk/*"},
-		{"a refusal that names the command (Redis 7.2 and later, not tried here)", errors.New("ERR ACL failure in script: User app has no permissions to run the 'pexpire' command script: 46da20686de889af8c2725e8ad91bc3a8ad2eabc, on @user_script:6."), "+pexpire"},
-		{"no refusal", errors.New("ERR Error running script (call to f_0123): @user_script:6: oops"), ""},
+		{"a channel", reply("ERR The user executing the script can't publish to the channel mentioned in the command script: 44d03940c54ffa1c23cce67f66c2fda8299138dd, on @user_script:38."), "&chk/*"},
+		{"a refusal that names the command (Redis 7.2 and later, not tried here)", reply("ERR ACL failure in script: User app has no permissions to run the 'pexpire' command script: 46da20686de889af8c2725e8ad91bc3a8ad2eabc, on @user_script:6."), "+pexpire"},
+		{"no refusal", reply("ERR Error running script (call to f_0123): @user_script:6: oops"), ""},
 	} {
 		if got := refusedRule(tc.err, chans); got != tc.want {
 			t.Errorf("%s: %q, want %q (%v)", tc.name, got, tc.want, tc.err)
@@ -402,6 +411,31 @@ func forwardReplies(server, client net.Conn) {
 		}
 		if err != nil {
 			return
+		}
+	}
+}
+
+// Only Redis's reply tells which rule is missing, not what wraps it: the
+// library's errors name keys, and so the tag, which may hold "channel" or
+// "key", and text that is not Redis's is no refusal.
+func TestRefusedRule_OnlyTheReply(t *testing.T) {
+	keys := reply("NOPERM this user has no permissions to access one of the keys used as arguments")
+	inScript := reply("ERR The user executing the script can't access at least one of the keys mentioned in the command script: 1b936e3fe509bcbc9cd0664897bbe8fd0ac95a1d, on @user_script:3.")
+	library := trial{chans: "&channel/*"} // libraryTrial's rules: no keys rule
+	for _, tc := range []struct {
+		name string
+		err  error
+		p    trial
+		want string
+	}{
+		{"TryLock's key refused, tag channel", fmt.Errorf("TryLock: %w: taking lock %q (channel/lock-mutex:ab12): %w", memolock.ErrRedis, "x", keys), library, ""},
+		{"a key refused in a script, tag channel", fmt.Errorf("Get: %w: reading %q: %w", memolock.ErrRedis, "channel:x", inScript), library, ""},
+		{"a channel refused, tag key", fmt.Errorf("subscribing to %q: %w", "key/notif:x", reply("NOPERM this user has no permissions to access one of the channels used as arguments")), trial{keys: "~key/*", chans: "&key/*"}, "&key/*"},
+		{"wrapped, with a keys rule", fmt.Errorf("Get: %w: reading %q: %w", memolock.ErrRedis, "channel:x", keys), trial{keys: "~channel:*", chans: "&channel/*"}, "~channel:*"},
+		{"a refusal's words, not Redis's", errors.New("NOPERM this user has no permissions to run the 'get' command"), trial{cmd: "+get"}, ""},
+	} {
+		if got := refusedRule(tc.err, tc.p); got != tc.want {
+			t.Errorf("%s: %q, want %q (%v)", tc.name, got, tc.want, tc.err)
 		}
 	}
 }
