@@ -437,8 +437,8 @@ var refusedCommand = regexp.MustCompile(`'([a-z_|.-]+)' command`)
 // refusedRule returns the rule whose absence made Redis refuse p with err,
 // or "" if err is no refusal. Redis names the command it refuses, or says
 // that a key or a channel is out of bounds (the words vary with its
-// version). Inside a script, Redis 7.0 names no command, but the script
-// and the line: that line of the library's script names it (see
+// version). Inside a script, Redis 6.x and 7.0 name no command, but the
+// script and the line: that line of the library's script names it (see
 // scriptCommand). Only Redis's reply is read, not what wraps it: the
 // library's errors name keys, and so the tag, which may hold "key" or
 // "channel".
@@ -466,9 +466,18 @@ func refusedRule(err error, p trial) string {
 	return p.cmd
 }
 
-// refusedAt finds the script and the line that Redis 7.0 names in a
-// refusal inside a script: "... script: <its SHA1>, on @user_script:7.".
-var refusedAt = regexp.MustCompile(`script: ([0-9a-f]{40}), on @user_script:([0-9]+)`)
+// refusedAt finds the script and the line that Redis names in a refusal
+// inside a script. Redis 7.0 says "The user executing the script can't run
+// this command or subcommand script: <its SHA1>, on @user_script:7.";
+// Redis 6.x (its scripting.c: luaPushError, the error handler of EVAL, and
+// evalGenericCommand's reply) says "Error running script (call to f_<its
+// SHA1>): @user_script:7: @user_script: 7: The user executing the script
+// can't run this command or subcommand". The lines are the script's own in
+// both.
+var refusedAt = []*regexp.Regexp{
+	regexp.MustCompile(`script: ([0-9a-f]{40}), on @user_script:([0-9]+)`),
+	regexp.MustCompile(`\(call to f_([0-9a-f]{40})\): @user_script:([0-9]+):`),
+}
 
 // scriptCall finds the commands a Lua script calls: redis.call('GET', ...
 // or redis.pcall("get", ...).
@@ -491,7 +500,12 @@ var libraryScripts = sync.OnceValue(func() map[string]string {
 // refused. It returns "" if the script is not the library's, or if that
 // line calls no command, or more than one.
 func scriptCommand(msg string) string {
-	m := refusedAt.FindStringSubmatch(msg)
+	var m []string
+	for _, at := range refusedAt {
+		if m = at.FindStringSubmatch(msg); m != nil {
+			break
+		}
+	}
 	if m == nil {
 		return ""
 	}

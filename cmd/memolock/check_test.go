@@ -200,13 +200,19 @@ func (r reply) Error() string { return string(r) }
 // RedisError marks reply as Redis's.
 func (reply) RedisError() {}
 
-// Inside a script, Redis 7.0 names no refused command, but the script and
-// the line: the command is the one that line of the library's script
-// calls, if just one.
+// Inside a script, Redis 6.x and 7.0 name no refused command, but the
+// script and the line: the command is the one that line of the library's
+// script calls, if just one. Redis 7.0's replies were seen on a private
+// 7.0.15; Redis 6.x's are as its scripting.c words them (6.0.20, 6.2.14),
+// no such server being at hand.
 func TestRefusedRule_InAScript(t *testing.T) {
 	refusal := func(src string, line int) error {
 		return reply(fmt.Sprintf("ERR The user executing the script can't run this command or subcommand script: %s, on @user_script:%d.", redis.NewScript(src).Hash(), line))
 	}
+	refusal6 := func(src string, line int, what string) error {
+		return reply(fmt.Sprintf("ERR Error running script (call to f_%s): @user_script:%d: @user_script: %d: The user executing the script %s", redis.NewScript(src).Hash(), line, line, what))
+	}
+	cmd6 := "can't run this command or subcommand"
 	lineOf := func(src, text string) int {
 		for i, l := range strings.Split(src, "\n") {
 			if strings.Contains(l, text) {
@@ -231,6 +237,11 @@ func TestRefusedRule_InAScript(t *testing.T) {
 		{"a channel", reply("ERR The user executing the script can't publish to the channel mentioned in the command script: 44d03940c54ffa1c23cce67f66c2fda8299138dd, on @user_script:38."), "&chk/*"},
 		{"a refusal that names the command (Redis 7.2 and later, not tried here)", reply("ERR ACL failure in script: User app has no permissions to run the 'pexpire' command script: 46da20686de889af8c2725e8ad91bc3a8ad2eabc, on @user_script:6."), "+pexpire"},
 		{"no refusal", reply("ERR Error running script (call to f_0123): @user_script:6: oops"), ""},
+		{"Redis 6: renew's PEXPIRE", refusal6(wire.RenewSrc, lineOf(wire.RenewSrc, "'PEXPIRE'"), cmd6), "+pexpire"},
+		{"Redis 6: store's PUBLISH", refusal6(wire.StoreSrc, lineOf(wire.StoreSrc, "redis.call('PUBLISH', ARGV[4]"), cmd6), "+publish"},
+		{"Redis 6: a line with GET and PTTL", refusal6(wire.PeekSrc, 1, cmd6), ""},
+		{"Redis 6: a script not the library's", refusal6("return redis.call('TIME')", 1, cmd6), ""},
+		{"Redis 6: a channel", refusal6(wire.StoreSrc, lineOf(wire.StoreSrc, "redis.call('PUBLISH', ARGV[4]"), "can't publish to the channel mentioned in the command"), "&chk/*"},
 	} {
 		if got := refusedRule(tc.err, chans); got != tc.want {
 			t.Errorf("%s: %q, want %q (%v)", tc.name, got, tc.want, tc.err)
