@@ -480,8 +480,11 @@ var refusedAt = []*regexp.Regexp{
 }
 
 // scriptCall finds the commands a Lua script calls: redis.call('GET', ...
-// or redis.pcall("get", ...).
-var scriptCall = regexp.MustCompile(`(?i)redis\.p?call\(\s*['"]([a-z_|.-]+)['"]`)
+// or redis.pcall("get", ...), and only so written. A test holds the
+// library's scripts to it: every redis.call and redis.pcall in them is a
+// call of this form, so that the command of a line that Redis refuses can
+// be told (see scriptCommand), and core can try each on its own.
+var scriptCall = regexp.MustCompile(`(?i)redis\.p?call\(\s*['"]([a-z0-9_|.-]+)['"]`)
 
 // libraryScripts maps the SHA1 of each of the library's scripts, in both
 // forms (see wire.Sources), to its text.
