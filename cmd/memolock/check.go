@@ -555,14 +555,22 @@ func verdict(name, works, fails string, problems []problem) featureResult {
 var returnOne = redis.NewScript("return 1")
 
 // core tries what run and the library's calls need: each command on its
-// own, then the library's own scripts. Before Redis 7.0, TryLock cannot
-// work (see tryLock): core warns.
+// own, then, if all of them passed, the library's own scripts (see
+// libraryTrial). After a failure, the library's calls are not tried: they
+// send only commands tried on their own, on the same keys and channels
+// (a test holds the trials to the scripts), so they could only fail again
+// for a refusal named already, and unnamed. Before Redis 7.0, TryLock
+// cannot work (see tryLock): core warns.
 func (ck *checker) core() featureResult {
 	what := "keys, scripts and pub/sub of the tag: run and Get work"
 	if ck.cluster != nil {
 		what = "keys, scripts and sharded pub/sub of the tag, on every master: run and Get work"
 	}
-	r := verdict("core", what, "run and Get will fail, or wait for lock time-outs", ck.runProbes(ck.coreTrials()))
+	problems := ck.runProbes(ck.coreTrials())
+	if len(problems) == 0 {
+		problems = ck.runProbes([]trial{ck.libraryTrial()})
+	}
+	r := verdict("core", what, "run and Get will fail, or wait for lock time-outs", problems)
 	if r.status == checkOK && !ck.tryLock() {
 		r.status = checkWarn
 		r.detail += fmt.Sprintf("; but not TryLock, which needs Redis 7.0 (SET with both NX and GET), and this is %s: not tried", ck.version)
@@ -579,9 +587,9 @@ func (ck *checker) tryLock() bool {
 	return err != nil || n >= 7
 }
 
-// coreTrials are core's trials: the commands memolock sends, one by one
-// (a test holds them to every command the library's scripts call), then
-// the library's calls themselves (see libraryTrial).
+// coreTrials are core's trials of the commands memolock sends, one by one
+// (a test holds them to every command the library's scripts call); core
+// then tries the library's calls themselves (see libraryTrial).
 func (ck *checker) coreTrials() []trial {
 	k := ck.keys
 	id := ck.probeID
@@ -678,7 +686,7 @@ func (ck *checker) coreTrials() []trial {
 			}},
 		)
 	}
-	return append(ps, ck.libraryTrial())
+	return ps
 }
 
 // libraryTrial runs what the library itself does, on the probe id: Redis

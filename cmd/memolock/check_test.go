@@ -262,7 +262,7 @@ func TestCheck_CoreBeforeRedis7(t *testing.T) {
 	ctx := context.Background()
 	const tag = "old"
 	setUser(t, []*redistest.Server{srv}, "app", rulesFor("core", tag, 0))
-	addr := olderRedis(t, srv.Addr)
+	addr := olderRedis(t, srv.Addr, "6.2.14")
 	inv := memolockCmd(t, nil, "check", "--redis", userURL("app", addr), "--tag", tag, "--features", "core")
 	if inv.code != 0 || statusOf(inv.stdout, "core") != "warn" || !strings.Contains(inv.stdout, "Redis 6.2.14, standalone") ||
 		!strings.Contains(inv.stdout, "not TryLock, which needs Redis 7.0") || inv.stderr != "" {
@@ -284,12 +284,27 @@ func TestCheck_CoreBeforeRedis7(t *testing.T) {
 	}
 }
 
+// The trial of the library's calls runs when every command passed on its
+// own, and can fail core then: through a proxy that refuses SET with both
+// NX and GET, as Redis 6.2 does, but lets the server say it is 7.0 or
+// later, TryLock fails.
+func TestCheck_CoreTriesTheLibraryAfterAllPassed(t *testing.T) {
+	srv := redistest.Start(t)
+	addr := olderRedis(t, srv.Addr, "")
+	inv := memolockCmd(t, nil, "check", "--redis", "redis://"+addr, "--tag", "chk", "--features", "core")
+	if inv.code != 1 || statusOf(inv.stdout, "core") != "FAIL" || strings.Count(inv.stdout, "      - ") != 1 ||
+		!strings.Contains(inv.stdout, "through the library's scripts: TryLock: ") || !strings.Contains(inv.stdout, "ERR syntax error") {
+		t.Errorf("exit %d; want 1, and core FAIL for TryLock alone:\n%s%s", inv.code, inv.stdout, inv.stderr)
+	}
+}
+
 // olderRedis starts a TCP proxy to the server at target that passes for
-// Redis 6.2.14: it puts that version in the replies to HELLO, and makes
-// the server refuse a SET with both NX and GET as 6.2 does ("ERR syntax
-// error"), by adding an argument that SET does not know. It returns the
-// proxy's address, and stops the proxy when the test ends.
-func olderRedis(t *testing.T, target string) string {
+// Redis version (6.2.14, say; "" keeps the server's): it puts version in
+// the replies to HELLO, and makes the server refuse a SET with both NX and
+// GET as 6.2 does ("ERR syntax error"), by adding an argument that SET
+// does not know. It returns the proxy's address, and stops the proxy when
+// the test ends.
+func olderRedis(t *testing.T, target, version string) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -342,7 +357,7 @@ func olderRedis(t *testing.T, target string) string {
 			go func() {
 				defer wg.Done()
 				defer client.Close()
-				forwardReplies(server, client)
+				forwardReplies(server, client, version)
 			}()
 		}
 	}()
@@ -410,16 +425,21 @@ func readCommand(rd *bufio.Reader) ([]string, error) {
 // array, of bulk strings).
 var helloVersion = regexp.MustCompile(`\$7\r\nversion\r\n\$[0-9]+\r\n[^\r]*\r\n`)
 
-// forwardReplies passes what server sends to client, with the version in
-// HELLO's replies that of Redis 6.2.14. A reply comes in one read, as the
-// server writes each in one go on loopback: a version cut across two reads
-// would stay as it is, and the test see it.
-func forwardReplies(server, client net.Conn) {
+// forwardReplies passes what server sends to client, with version (if
+// not "") in HELLO's replies. A reply comes in one read, as the server
+// writes each in one go on loopback: a version cut across two reads would
+// stay as it is, and the test see it.
+func forwardReplies(server, client net.Conn, version string) {
 	buf := make([]byte, 32<<10)
+	with := []byte(fmt.Sprintf("$7\r\nversion\r\n$%d\r\n%s\r\n", len(version), version))
 	for {
 		n, err := server.Read(buf)
 		if n > 0 {
-			if _, werr := client.Write(helloVersion.ReplaceAllLiteral(buf[:n], []byte("$7\r\nversion\r\n$6\r\n6.2.14\r\n"))); werr != nil {
+			out := buf[:n]
+			if version != "" {
+				out = helloVersion.ReplaceAllLiteral(out, with)
+			}
+			if _, werr := client.Write(out); werr != nil {
 				return
 			}
 		}
