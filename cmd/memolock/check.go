@@ -67,9 +67,9 @@ var checkCommand = command{
 	name:    "check",
 	summary: "tell what works on a Redis server for a tag, and which ACL rules are missing",
 	usage:   []string{"check --tag T [--redis URL [--cluster]] [--features LIST]"},
-	about: `Tries what memolock does on the server, as the user of the URL, for one tag: it reaches the server and authenticates, reads its version and mode (one server or a cluster node), then, feature by feature, runs the commands the feature needs on the keys and channels of a probe id of its own (memolock-check-...): it writes only those keys, with a TTL of 10s, and deletes them.
+	about: `Tries what memolock does on the server, as the user of the URL, for one tag: it reaches the server and authenticates, reads its version and mode (one server or a cluster node), then, feature by feature, runs the commands the feature needs on the keys and channels of a probe id of its own (memolock-check-...): it writes only that id's value and lock keys (T:memolock-check-... and T/lock:memolock-check-...) and the key of a TryLock of it (T/lock-mutex: and the id's SHA-256), each with a TTL of 10s at most, and deletes them.
 
-Features: core (run and the library's Get: keys, scripts, pub/sub, command by command, then a Get, Set, Delete and TryLock on the probe id through the library's own scripts, as Redis checks each command a script calls (before Redis 7.0, which TryLock needs, a warning instead of TryLock); with --cluster, as a cluster client: CLUSTER SLOTS, sharded pub/sub, and the user on every master); l1 (Options.L1Size: CLIENT TRACKING, and an invalidation that arrives on __redis__:invalidate; one server only); inspect and watch (read-only; watch also needs notify-keyspace-events with K, $ and x to show takeovers, which check reads with CONFIG GET if the user may).
+Features: core (run and the library's Get: keys, scripts, pub/sub, command by command, then, if all of them passed, a Get, Set, Delete and TryLock on the probe id through the library's own scripts, as Redis checks each command a script calls (before Redis 7.0, which TryLock needs, a warning instead of TryLock); with --cluster, as a cluster client: CLUSTER SLOTS, sharded pub/sub, and the user on every master); l1 (Options.L1Size: CLIENT TRACKING, and an invalidation that arrives on __redis__:invalidate; one server only); inspect and watch (read-only; watch also needs notify-keyspace-events with K, $ and x to show takeovers, which check reads with CONFIG GET if the user may).
 
 For every refusal it names the ACL rule to add, and ends with the ACL SETUSER command that adds them all. The recipe per feature (the README's "Least privilege" section):
 
@@ -566,11 +566,16 @@ func (ck *checker) core() featureResult {
 	if ck.cluster != nil {
 		what = "keys, scripts and sharded pub/sub of the tag, on every master: run and Get work"
 	}
+	fails := getFails
 	problems := ck.runProbes(ck.coreTrials())
 	if len(problems) == 0 {
 		problems = ck.runProbes([]trial{ck.libraryTrial()})
+		var call *callFailed
+		if len(problems) == 1 && errors.As(problems[0].err, &call) {
+			fails = call.fails + " (the trial stops at the first of the library's calls that fails)"
+		}
 	}
-	r := verdict("core", what, "run and Get will fail, or wait for lock time-outs", problems)
+	r := verdict("core", what, fails, problems)
 	if r.status == checkOK && !ck.tryLock() {
 		r.status = checkWarn
 		r.detail += fmt.Sprintf("; but not TryLock, which needs Redis 7.0 (SET with both NX and GET), and this is %s: not tried", ck.version)
@@ -695,11 +700,14 @@ func (ck *checker) coreTrials() []trial {
 // the SET trial wrote goes), then a Get whose fetch returns a small value
 // (the acquire script, then the store script, which publishes and leaves
 // the lock lingering), Set, Delete again, and a lease of TryLock, renewed
-// and released: every script the core recipe covers but publish, not
-// found and resurrect (for a fetch that returns no value to keep, or
-// fails), which call no command beyond those. Before Redis 7.0 there is
-// no TryLock (see tryLock), and so no renewal or release script either:
-// their commands are tried on their own all the same. What it writes lives
+// and released: every script the core recipe covers but peek (Peek's,
+// which reads with GET and PTTL), publish, not found and resurrect (for a
+// fetch that returns no value to keep, or fails), which call no command
+// beyond those. Before Redis 7.0 there is no TryLock (see tryLock), and so
+// no renewal or release script either: their commands are tried on their
+// own all the same. It writes the probe's value (for 10 s), its lock
+// (Get's, for LockTTL 5 s, lingering after the store) and TryLock's key,
+// T/lock-mutex:<SHA-256 of the id> (for 5 s, renewed to 10 s): each lives
 // 10 s at most, and cleanUp deletes it.
 func (ck *checker) libraryTrial() trial {
 	what := "Get, Set, Delete and TryLock (renewed, released) on " + show(ck.keys.Value(ck.probeID)) + " through the library's scripts"
@@ -722,7 +730,7 @@ func (ck *checker) throughLibrary(ctx context.Context) error {
 	defer c.Close()
 	value := []byte("memolock check")
 	if _, err := c.Delete(ctx, ck.id); err != nil {
-		return fmt.Errorf("Delete: %w", err)
+		return &callFailed{"Delete", "Delete will fail", err}
 	}
 	var fetched atomic.Bool
 	_, err = c.Get(ctx, ck.id, func(context.Context, *memolock.Lease) ([]byte, time.Duration, error) {
@@ -731,36 +739,54 @@ func (ck *checker) throughLibrary(ctx context.Context) error {
 	})
 	switch s := c.Stats(); {
 	case err != nil:
-		return fmt.Errorf("Get: %w", err)
+		return &callFailed{"Get", getFails, err}
 	case logged.get() != nil:
-		return fmt.Errorf("Get: %w", logged.get())
+		return &callFailed{"Get", getFails, logged.get()}
 	case !fetched.Load():
-		return errors.New("Get: a value was there already (written by somebody else since Delete), so no store was tried")
+		return &callFailed{"Get", "whether Get works was not told: somebody else wrote the probe's value", errors.New("a value was there already (written by somebody else since Delete), so no store was tried")}
 	case s.StoreErrors > 0 || s.LeaseLost > 0:
-		return errors.New("Get: the value was not stored")
+		return &callFailed{"Get", getFails, errors.New("the value was not stored")}
 	}
 	if err := c.Set(ctx, ck.id, value, 10*time.Second); err != nil {
-		return fmt.Errorf("Set: %w", err)
+		return &callFailed{"Set", "Set will fail", err}
 	}
 	if _, err := c.Delete(ctx, ck.id); err != nil {
-		return fmt.Errorf("Delete: %w", err)
+		return &callFailed{"Delete", "Delete will fail", err}
 	}
 	if !ck.tryLock() {
 		return nil
 	}
 	lease, err := c.TryLock(ctx, ck.id, 5*time.Second)
 	if err != nil {
-		return fmt.Errorf("TryLock: %w", err)
+		return &callFailed{"TryLock", "TryLock will fail", err}
 	}
 	if err := lease.Renew(ctx, 10*time.Second); err != nil {
 		_ = lease.Release(ctx) // or cleanUp deletes it
-		return fmt.Errorf("Renew: %w", err)
+		return &callFailed{"Renew", "TryLock's leases cannot be renewed (Renew, KeepAlive)", err}
 	}
 	if err := lease.Release(ctx); err != nil {
-		return fmt.Errorf("Release: %w", err)
+		return &callFailed{"Release", "TryLock's leases cannot be released: each lock stays until it expires", err}
 	}
 	return nil
 }
+
+// getFails is what core says fails when a command fails on its own, or
+// the library's Get.
+const getFails = "run and Get will fail, or wait for lock time-outs"
+
+// callFailed is the failure of one of the library's calls in libraryTrial,
+// and what fails for the user because of it.
+type callFailed struct {
+	call  string // the call, "TryLock"
+	fails string // what fails, for core's detail: "TryLock will fail"
+	err   error
+}
+
+// Error names the call, then says why it failed.
+func (e *callFailed) Error() string { return e.call + ": " + e.err.Error() }
+
+// Unwrap returns why the call failed.
+func (e *callFailed) Unwrap() error { return e.err }
 
 // firstError is a slog.Handler that keeps the error of the first warning
 // that carries one: how a Client tells of a store that failed.

@@ -287,13 +287,15 @@ func TestCheck_CoreBeforeRedis7(t *testing.T) {
 // The trial of the library's calls runs when every command passed on its
 // own, and can fail core then: through a proxy that refuses SET with both
 // NX and GET, as Redis 6.2 does, but lets the server say it is 7.0 or
-// later, TryLock fails.
+// later, TryLock fails, and core says that TryLock will fail (not run and
+// Get, which work).
 func TestCheck_CoreTriesTheLibraryAfterAllPassed(t *testing.T) {
 	srv := redistest.Start(t)
 	addr := olderRedis(t, srv.Addr, "")
 	inv := memolockCmd(t, nil, "check", "--redis", "redis://"+addr, "--tag", "chk", "--features", "core")
 	if inv.code != 1 || statusOf(inv.stdout, "core") != "FAIL" || strings.Count(inv.stdout, "      - ") != 1 ||
-		!strings.Contains(inv.stdout, "through the library's scripts: TryLock: ") || !strings.Contains(inv.stdout, "ERR syntax error") {
+		!strings.Contains(inv.stdout, "through the library's scripts: TryLock: ") || !strings.Contains(inv.stdout, "ERR syntax error") ||
+		!strings.Contains(inv.stdout, "FAIL  core     TryLock will fail (") || strings.Contains(inv.stdout, "run and Get") {
 		t.Errorf("exit %d; want 1, and core FAIL for TryLock alone:\n%s%s", inv.code, inv.stdout, inv.stderr)
 	}
 }
