@@ -571,7 +571,7 @@ func (ck *checker) core() featureResult {
 	if len(problems) == 0 {
 		problems = ck.runProbes([]trial{ck.libraryTrial()})
 		var call *callFailed
-		if len(problems) == 1 && errors.As(problems[0].err, &call) {
+		if len(problems) == 1 && errors.As(problems[0].err, &call) && call.fails != getFails {
 			fails = call.fails + " (the trial stops at the first of the library's calls that fails)"
 		}
 	}
@@ -714,7 +714,11 @@ func (ck *checker) libraryTrial() trial {
 	if !ck.tryLock() {
 		what = "Get, Set and Delete on " + show(ck.keys.Value(ck.probeID)) + " through the library's scripts (not TryLock, which needs Redis 7.0)"
 	}
-	return trial{what: what, chans: ck.rule("&{T}/*"), try: ck.throughLibrary}
+	// The trials of single commands passed first, on T: too: a key that
+	// the library's calls are refused can only be under T/ (the scripts
+	// declare T/lock-notfound: and T/lock-stale: among their keys, and
+	// TryLock takes T/lock-mutex:), which Redis does not name.
+	return trial{what: what, keys: ck.rule("~{T}/*"), chans: ck.rule("&{T}/*"), try: ck.throughLibrary}
 }
 
 // throughLibrary makes libraryTrial's calls (TryLock's only from Redis
@@ -730,7 +734,7 @@ func (ck *checker) throughLibrary(ctx context.Context) error {
 	defer c.Close()
 	value := []byte("memolock check")
 	if _, err := c.Delete(ctx, ck.id); err != nil {
-		return &callFailed{"Delete", "Delete will fail", err}
+		return &callFailed{"Delete", getFails, err}
 	}
 	var fetched atomic.Bool
 	_, err = c.Get(ctx, ck.id, func(context.Context, *memolock.Lease) ([]byte, time.Duration, error) {
@@ -748,10 +752,10 @@ func (ck *checker) throughLibrary(ctx context.Context) error {
 		return &callFailed{"Get", getFails, errors.New("the value was not stored")}
 	}
 	if err := c.Set(ctx, ck.id, value, 10*time.Second); err != nil {
-		return &callFailed{"Set", "Set will fail", err}
+		return &callFailed{"Set", getFails, err}
 	}
 	if _, err := c.Delete(ctx, ck.id); err != nil {
-		return &callFailed{"Delete", "Delete will fail", err}
+		return &callFailed{"Delete", getFails, err}
 	}
 	if !ck.tryLock() {
 		return nil
@@ -775,7 +779,10 @@ func (ck *checker) throughLibrary(ctx context.Context) error {
 const getFails = "run and Get will fail, or wait for lock time-outs"
 
 // callFailed is the failure of one of the library's calls in libraryTrial,
-// and what fails for the user because of it.
+// and what fails for the user because of it. Get, Set and Delete run
+// scripts on the keys and channels that run and Get use: what refuses one
+// of them refuses run and Get too (getFails), and only the problem names
+// the call.
 type callFailed struct {
 	call  string // the call, "TryLock"
 	fails string // what fails, for core's detail: "TryLock will fail"

@@ -457,16 +457,18 @@ func forwardReplies(server, client net.Conn, version string) {
 func TestRefusedRule_OnlyTheReply(t *testing.T) {
 	keys := reply("NOPERM this user has no permissions to access one of the keys used as arguments")
 	inScript := reply("ERR The user executing the script can't access at least one of the keys mentioned in the command script: 1b936e3fe509bcbc9cd0664897bbe8fd0ac95a1d, on @user_script:3.")
-	library := trial{chans: "&channel/*"} // libraryTrial's rules: no keys rule
+	library := trial{keys: "~channel/*", chans: "&channel/*"} // libraryTrial's rules
 	for _, tc := range []struct {
 		name string
 		err  error
 		p    trial
 		want string
 	}{
-		{"TryLock's key refused, tag channel", fmt.Errorf("TryLock: %w: taking lock %q (channel/lock-mutex:ab12): %w", memolock.ErrRedis, "x", keys), library, ""},
-		{"a key refused in a script, tag channel", fmt.Errorf("Get: %w: reading %q: %w", memolock.ErrRedis, "channel:x", inScript), library, ""},
+		{"TryLock's key refused, tag channel", fmt.Errorf("TryLock: %w: taking lock %q (channel/lock-mutex:ab12): %w", memolock.ErrRedis, "x", keys), library, "~channel/*"},
+		{"a key refused in a script, tag channel", fmt.Errorf("Get: %w: reading %q: %w", memolock.ErrRedis, "channel:x", inScript), library, "~channel/*"},
 		{"a channel refused, tag key", fmt.Errorf("subscribing to %q: %w", "key/notif:x", reply("NOPERM this user has no permissions to access one of the channels used as arguments")), trial{keys: "~key/*", chans: "&key/*"}, "&key/*"},
+		{"a channel refused in the library, tag key", fmt.Errorf("Get: %w: storing %q (key/lock:x): %w", memolock.ErrRedis, "x", reply("NOPERM this user has no permissions to access one of the channels used as arguments")), trial{keys: "~key/*", chans: "&key/*"}, "&key/*"},
+		{"no refusal, tag key", fmt.Errorf("Delete: %w: deleting %q: %w", memolock.ErrRedis, "key:x", reply("ERR something about a key")), library, ""},
 		{"wrapped, with a keys rule", fmt.Errorf("Get: %w: reading %q: %w", memolock.ErrRedis, "channel:x", keys), trial{keys: "~channel:*", chans: "&channel/*"}, "~channel:*"},
 		{"a refusal's words, not Redis's", errors.New("NOPERM this user has no permissions to run the 'get' command"), trial{cmd: "+get"}, ""},
 	} {
