@@ -531,12 +531,12 @@ func probeChecker(t *testing.T, nodes []*redistest.Server, tag string) *checker 
 	return ck
 }
 
-// tryLibrary runs ck's libraryTrial and returns its error, the rule that
-// check names for it, and how long it took.
+// tryLibrary runs ck's libraryTrial, as core does, and returns its error,
+// the rule that check names for it, and how long it took.
 func tryLibrary(ck *checker) (error, string, time.Duration) {
 	tr := ck.libraryTrial()
 	t0 := time.Now()
-	err := ck.call(tr.try)
+	err := ck.callWithin(libraryBudget, tr.try)
 	took := time.Since(t0)
 	if err == nil {
 		return nil, "", took

@@ -146,6 +146,9 @@ type checker struct {
 	token   string
 	version string // the server's, as server read it ("" before)
 	canSet  bool   // core could write the probe's value key
+	// The calls that did not return in time, each closed when its call
+	// has: cleanUp waits for them.
+	late []chan struct{}
 	// The URL names a user but no password: redis-cli would read the
 	// name as the password, so it is never printed.
 	userWithheld bool
@@ -398,22 +401,40 @@ func hello(ctx context.Context, node *redis.Client) (map[string]string, error) {
 	return out, nil
 }
 
-// call runs one probe's call, bounded in time (see within).
+// call runs one probe's call, bounded in time by callTimeout (see
+// callWithin).
 func (ck *checker) call(fn func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	return ck.callWithin(callTimeout, fn)
+}
+
+// callWithin runs one probe's call, bounded in time by budget (see within).
+// A call that has not returned when within gives up goes on, its context
+// cancelled: it is kept in late, for cleanUp to wait for.
+func (ck *checker) callWithin(budget time.Duration, fn func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
-	return within(ctx, fn)
+	done := make(chan struct{})
+	err := within(ctx, func(ctx context.Context) error {
+		defer close(done)
+		return fn(ctx)
+	})
+	select {
+	case <-done:
+	default:
+		ck.late = append(ck.late, done)
+	}
+	return err
 }
 
 // rule returns a rule of feature for this server's tag and db.
 func (ck *checker) rule(rule string) string { return fillRule(rule, ck.tag, ck.db) }
 
-// runProbes runs ps in order and returns those that failed; of those
-// that lack the same rule, the first, counting the others.
-func (ck *checker) runProbes(ps []trial) []problem {
+// runProbes runs ps in order, each within budget, and returns those that
+// failed; of those that lack the same rule, the first, counting the others.
+func (ck *checker) runProbes(budget time.Duration, ps []trial) []problem {
 	var out []problem
 	for _, p := range ps {
-		err := ck.call(p.try)
+		err := ck.callWithin(budget, p.try)
 		if err == nil {
 			continue
 		}
@@ -567,9 +588,9 @@ func (ck *checker) core() featureResult {
 		what = "keys, scripts and sharded pub/sub of the tag, on every master: run and Get work"
 	}
 	fails := getFails
-	problems := ck.runProbes(ck.coreTrials())
+	problems := ck.runProbes(callTimeout, ck.coreTrials())
 	if len(problems) == 0 {
-		problems = ck.runProbes([]trial{ck.libraryTrial()})
+		problems = ck.runProbes(libraryBudget, []trial{ck.libraryTrial()})
 		var call *callFailed
 		if len(problems) == 1 && errors.As(problems[0].err, &call) && call.fails != getFails {
 			fails = call.fails + " (the trial stops at the first of the library's calls that fails)"
@@ -720,6 +741,12 @@ func (ck *checker) libraryTrial() trial {
 	// TryLock takes T/lock-mutex:), which Redis does not name.
 	return trial{what: what, keys: ck.rule("~{T}/*"), chans: ck.rule("&{T}/*"), try: ck.throughLibrary}
 }
+
+// libraryBudget bounds libraryTrial in time, as core runs it: it makes
+// some 8 round trips, 14 on a server that has not loaded the library's
+// scripts yet (each EVALSHA refused with NOSCRIPT, then an EVAL), where a
+// trial of one command makes one or two within callTimeout.
+const libraryBudget = 3 * callTimeout
 
 // throughLibrary makes libraryTrial's calls (TryLock's only from Redis
 // 7.0), with a Client of its own over the checker's redis client, and
@@ -1019,7 +1046,7 @@ func (ck *checker) inspect() featureResult {
 			return node.PubSubShardNumSub(ctx, k.Notif(id)).Err()
 		}})
 	}
-	return verdict("inspect", "reads what Redis holds for an id: memolock inspect works", "memolock inspect will fail", ck.runProbes(ps))
+	return verdict("inspect", "reads what Redis holds for an id: memolock inspect works", "memolock inspect will fail", ck.runProbes(callTimeout, ps))
 }
 
 // watch tries what memolock watch subscribes to and reads, read-only, and
@@ -1060,7 +1087,7 @@ func (ck *checker) watch() featureResult {
 			return rdb.PTTL(ctx, k.Lock(id)).Err()
 		}},
 	)
-	r := verdict("watch", "subscribes and reads locks: memolock watch works", "memolock watch will fail, or not tell takeovers", ck.runProbes(ps))
+	r := verdict("watch", "subscribes and reads locks: memolock watch works", "memolock watch will fail, or not tell takeovers", ck.runProbes(callTimeout, ps))
 	if r.status != checkOK {
 		return r
 	}
@@ -1111,8 +1138,20 @@ func (ck *checker) transaction(ctx context.Context) error {
 
 // cleanUp deletes the probe's keys, if the user may; they expire anyway.
 // The library's calls write the value and the lock, and TryLock a key of
-// its own.
+// its own. A call that did not return in time may still write one: cleanUp
+// first waits for such calls to return (their contexts are cancelled, so
+// they do soon), for callTimeout at most.
 func (ck *checker) cleanUp() {
+	wait := time.NewTimer(callTimeout)
+	defer wait.Stop()
+waiting:
+	for _, done := range ck.late {
+		select {
+		case <-done:
+		case <-wait.C:
+			break waiting
+		}
+	}
 	_ = ck.call(func(ctx context.Context) error {
 		for _, key := range []string{ck.keys.Value(ck.probeID), ck.keys.Lock(ck.probeID), wire.NewKeys(ck.tag).Mutex(ck.id)} {
 			_ = ck.rdb.Del(ctx, key).Err()

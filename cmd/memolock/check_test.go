@@ -477,3 +477,31 @@ func TestRefusedRule_OnlyTheReply(t *testing.T) {
 		}
 	}
 }
+
+// A call that does not return in time goes on, and may still write a
+// probe key: cleanUp waits for it to return before it deletes the keys,
+// so that none is left behind.
+func TestCheck_CleanUpWaitsForLateCalls(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	nodes := []*redistest.Server{srv}
+	const tag = "late"
+	setUser(t, nodes, "app", rulesFor("core", tag, 0))
+	ck := probeChecker(t, nodes, tag)
+	key := ck.keys.Value(ck.probeID)
+	wrote := make(chan struct{})
+	err := ck.callWithin(50*time.Millisecond, func(ctx context.Context) error {
+		defer close(wrote)
+		<-ctx.Done()
+		time.Sleep(300 * time.Millisecond)
+		return ck.rdb.Set(context.Background(), key, "late", 10*time.Second).Err()
+	})
+	if err == nil || !strings.Contains(err.Error(), noAnswer) {
+		t.Errorf("the late call: %v, want %q", err, noAnswer)
+	}
+	ck.cleanUp()
+	<-wrote
+	if keys := admin.Keys(context.Background(), "*").Val(); len(keys) > 0 {
+		t.Errorf("left behind after cleanUp: %v", keys)
+	}
+}
