@@ -69,7 +69,7 @@ var checkCommand = command{
 	usage:   []string{"check --tag T [--redis URL [--cluster]] [--features LIST]"},
 	about: `Tries what memolock does on the server, as the user of the URL, for one tag: it reaches the server and authenticates, reads its version and mode (one server or a cluster node), then, feature by feature, runs the commands the feature needs on the keys and channels of a probe id of its own (memolock-check-...): it writes only that id's value and lock keys (T:memolock-check-... and T/lock:memolock-check-...) and the key of a TryLock of it (T/lock-mutex: and the id's SHA-256), each with a TTL of 10s at most, and deletes them.
 
-Features: core (run and the library's Get: keys, scripts, pub/sub, command by command, then, if all of them passed, a Get, Set, Delete and TryLock on the probe id through the library's own scripts, as Redis checks each command a script calls (before Redis 7.0, which TryLock needs, a warning instead of TryLock); with --cluster, as a cluster client: CLUSTER SLOTS, sharded pub/sub, and the user on every master); l1 (Options.L1Size: CLIENT TRACKING, and an invalidation that arrives on __redis__:invalidate; one server only); inspect and watch (read-only; watch also needs notify-keyspace-events with K, $ and x to show takeovers, which check reads with CONFIG GET if the user may).
+Features: core (run and the library's Get: keys, scripts, pub/sub, command by command, then, if all of them passed, a Get, Set, Delete and TryLock (renewed, released) on the probe id through the library itself: all but TryLock run its scripts, and Redis checks each command a script calls (before Redis 7.0, which TryLock needs, a warning instead of TryLock); with --cluster, as a cluster client: CLUSTER SLOTS, sharded pub/sub, and the user on every master); l1 (Options.L1Size: CLIENT TRACKING, and an invalidation that arrives on __redis__:invalidate; one server only); inspect and watch (read-only; watch also needs notify-keyspace-events with K, $ and x to show takeovers, which check reads with CONFIG GET if the user may).
 
 For every refusal it names the ACL rule to add, and ends with the ACL SETUSER command that adds them all. The recipe per feature (the README's "Least privilege" section):
 
@@ -576,7 +576,7 @@ func verdict(name, works, fails string, problems []problem) featureResult {
 var returnOne = redis.NewScript("return 1")
 
 // core tries what run and the library's calls need: each command on its
-// own, then, if all of them passed, the library's own scripts (see
+// own, then, if all of them passed, the library's own calls (see
 // libraryTrial). After a failure, the library's calls are not tried: they
 // send only commands tried on their own, on the same keys and channels
 // (a test holds the trials to the scripts), so they could only fail again
@@ -731,7 +731,7 @@ func (ck *checker) coreTrials() []trial {
 // T/lock-mutex:<SHA-256 of the id> (for 5 s, renewed to 10 s): each lives
 // 10 s at most, and cleanUp deletes it.
 func (ck *checker) libraryTrial() trial {
-	what := "Get, Set, Delete and TryLock (renewed, released) on " + show(ck.keys.Value(ck.probeID)) + " through the library's scripts"
+	what := "Get, Set, Delete and TryLock (renewed, released) on " + show(ck.keys.Value(ck.probeID)) + " through the library"
 	if !ck.tryLock() {
 		what = "Get, Set and Delete on " + show(ck.keys.Value(ck.probeID)) + " through the library's scripts (not TryLock, which needs Redis 7.0)"
 	}

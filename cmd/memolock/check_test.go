@@ -294,7 +294,7 @@ func TestCheck_CoreTriesTheLibraryAfterAllPassed(t *testing.T) {
 	addr := olderRedis(t, srv.Addr, "")
 	inv := memolockCmd(t, nil, "check", "--redis", "redis://"+addr, "--tag", "chk", "--features", "core")
 	if inv.code != 1 || statusOf(inv.stdout, "core") != "FAIL" || strings.Count(inv.stdout, "      - ") != 1 ||
-		!strings.Contains(inv.stdout, "through the library's scripts: TryLock: ") || !strings.Contains(inv.stdout, "ERR syntax error") ||
+		!strings.Contains(inv.stdout, "through the library: TryLock: ") || !strings.Contains(inv.stdout, "ERR syntax error") ||
 		!strings.Contains(inv.stdout, "FAIL  core     TryLock will fail (") || strings.Contains(inv.stdout, "run and Get") {
 		t.Errorf("exit %d; want 1, and core FAIL for TryLock alone:\n%s%s", inv.code, inv.stdout, inv.stderr)
 	}
