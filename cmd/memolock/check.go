@@ -606,11 +606,12 @@ func (ck *checker) core() featureResult {
 
 // tryLock reports whether TryLock can work on the server: it sends SET
 // with both NX and GET, which Redis 6.2 refuses ("ERR syntax error") and
-// Redis 6.0 does not know. A version that server could not read is tried.
+// Redis 6.0 does not know. Redis 7.0's release candidates say 6.9.240 to
+// 6.9.242. A version that server could not read is tried.
 func (ck *checker) tryLock() bool {
-	major, _, _ := strings.Cut(ck.version, ".")
-	n, err := strconv.Atoi(major)
-	return err != nil || n >= 7
+	var major, minor, patch int
+	n, _ := fmt.Sscanf(ck.version, "%d.%d.%d", &major, &minor, &patch)
+	return n == 0 || major >= 7 || major == 6 && minor == 9 && patch >= 240
 }
 
 // coreTrials are core's trials of the commands memolock sends, one by one

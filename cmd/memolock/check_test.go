@@ -505,3 +505,16 @@ func TestCheck_CleanUpWaitsForLateCalls(t *testing.T) {
 		t.Errorf("left behind after cleanUp: %v", keys)
 	}
 }
+
+// TryLock is tried from Redis 7.0, whose release candidates say 6.9.240
+// and later, and on a server whose version could not be read.
+func TestCheck_TryLockVersions(t *testing.T) {
+	for v, want := range map[string]bool{
+		"7.0.15": true, "7.2.4": true, "8.0.0": true, "6.9.240": true, "6.9.242": true,
+		"6.9.239": false, "6.2.14": false, "6.0.20": false, "5.0.14": false, "": true, "unknown": true,
+	} {
+		if got := (&checker{version: v}).tryLock(); got != want {
+			t.Errorf("%q: %v, want %v", v, got, want)
+		}
+	}
+}
