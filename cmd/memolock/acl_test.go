@@ -531,17 +531,17 @@ func probeChecker(t *testing.T, nodes []*redistest.Server, tag string) *checker 
 	return ck
 }
 
-// tryLibrary runs ck's libraryTrial, as core does, and returns its error,
-// the rule that check names for it, and how long it took.
-func tryLibrary(ck *checker) (error, string, time.Duration) {
+// tryLibrary runs ck's libraryTrial, as core does, and returns the rule
+// that check names for its failure, how long it took, and its error.
+func tryLibrary(ck *checker) (string, time.Duration, error) {
 	tr := ck.libraryTrial()
 	t0 := time.Now()
 	err := ck.callWithin(libraryBudget, tr.try)
 	took := time.Since(t0)
 	if err == nil {
-		return nil, "", took
+		return "", took, nil
 	}
-	return err, refusedRule(err, tr), took
+	return refusedRule(err, tr), took, err
 }
 
 // core's trial of the library's own calls (libraryTrial): a user with the
@@ -551,13 +551,12 @@ func tryLibrary(ck *checker) (error, string, time.Duration) {
 // A key refused among a script's keys does not tell which: check names
 // ~T/*, as core runs the trial only after the GET and SET trials passed on
 // T: (alone, without ~T:*, the trial fails, naming ~T/* wrongly). Without
-// +pexpire, which of what
-// the trial runs only the renewal script calls, check's core fails for
-// PEXPIRE on its own, once: the trial is not run after a failure. Without
-// a key rule too, only the trials of single commands name it, and the
-// trial does not repeat it. The tag is "channel": the
-// library's errors name keys, a key refused must not pass for a channel
-// refused (see refusedRule).
+// +pexpire, which of the trial's calls only the renewal script makes,
+// check's core fails once, for PEXPIRE on its own: the trial is not run
+// after a failure. Without a key rule, too, only the trials of single
+// commands name it, and the trial does not repeat it. The tag is
+// "channel": the library's errors name keys, and a key refused must not
+// pass for a channel refused (see refusedRule).
 func TestACL_CoreThroughTheLibrary(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
@@ -566,7 +565,7 @@ func TestACL_CoreThroughTheLibrary(t *testing.T) {
 	const tag = "channel"
 	rules := rulesFor("core", tag, 0)
 	setUser(t, nodes, "app", rules)
-	if err, _, _ := tryLibrary(probeChecker(t, nodes, tag)); err != nil {
+	if _, _, err := tryLibrary(probeChecker(t, nodes, tag)); err != nil {
 		t.Fatalf("with the recipe's rules: %v", err)
 	}
 	if keys := admin.Keys(ctx, "*").Val(); len(keys) > 0 {
@@ -578,7 +577,7 @@ func TestACL_CoreThroughTheLibrary(t *testing.T) {
 		t.Run("without "+rule, func(t *testing.T) {
 			setUser(t, nodes, "app", without(rules, i))
 			ck := probeChecker(t, nodes, tag)
-			err, named, took := tryLibrary(ck)
+			named, took, err := tryLibrary(ck)
 			ck.cleanUp()
 			switch {
 			case slices.Contains(unused, rule):
@@ -646,7 +645,7 @@ func TestACL_ClusterThroughTheLibrary(t *testing.T) {
 	const tag = "acl"
 	rules := rulesFor("cluster", tag, 0)
 	setUser(t, nodes, "app", rules)
-	if err, _, _ := tryLibrary(probeChecker(t, nodes, tag)); err != nil {
+	if _, _, err := tryLibrary(probeChecker(t, nodes, tag)); err != nil {
 		t.Fatalf("with the recipe's rules: %v", err)
 	}
 	if keys := left(); len(keys) > 0 {
@@ -655,7 +654,7 @@ func TestACL_ClusterThroughTheLibrary(t *testing.T) {
 	for _, rule := range []string{"+spublish", "+pexpire"} {
 		setUser(t, nodes, "app", without(rules, slices.Index(rules, rule)))
 		ck := probeChecker(t, nodes, tag)
-		err, named, _ := tryLibrary(ck)
+		named, _, err := tryLibrary(ck)
 		ck.cleanUp()
 		if err == nil || named != rule {
 			t.Errorf("without %s: names %q for %v", rule, named, err)
