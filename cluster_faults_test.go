@@ -879,9 +879,16 @@ func (w *hotWriter) loop() {
 		w.version[id]++
 		v := w.version[id]
 		w.mu.Unlock()
-		ctx, cancel := context.WithTimeout(bg(), 5*time.Second)
-		err := w.c.Set(ctx, id, fmt.Appendf(nil, "v of %s#%d", id, v), time.Minute)
-		cancel()
+		// No deadline: Set then returns only once go-redis has given up on
+		// the call, its own retries included. With one, Set returns at the
+		// deadline and leaves the call behind (see Engine.bounded), and
+		// go-redis may still retry it, a timed-out EVALSHA resent after
+		// its read timeout, after the next version was written: the older
+		// version lands last and every later read looks stale (seen once
+		// under .ci/under-load: a read 4.7 s after a completed write
+		// returned the version before it). go-redis's own timeouts bound
+		// the call.
+		err := w.c.Set(bg(), id, fmt.Appendf(nil, "v of %s#%d", id, v), time.Minute)
 		now := time.Now().UnixNano()
 		w.writing.Unlock()
 		w.mu.Lock()
@@ -954,14 +961,22 @@ func (w *hotWriter) stop() {
 type faultReport struct {
 	ids     map[string]*idCalls
 	fetches map[string]int
-	hot     []hotReadOf
-	stats   []string
+	// fetchedBy: by id, every fetch of it, with its child and its span.
+	fetchedBy map[string][]fetchOf
+	hot       []hotReadOf
+	stats     []string
 	// controls: by child, then master address, the slowest control GET
 	// begun in each faultControlBucket since t0 (see faultControl).
 	controls map[int]map[string]map[int64]time.Duration
 	// slow: every call over healthyBound (up to maxSlowCalls an id and
 	// child), with its child.
 	slow []slowOf
+}
+
+// fetchOf is one fetch run by a child, from start to end (Unix ns).
+type fetchOf struct {
+	child      int
+	start, end int64
 }
 
 type slowOf struct {
@@ -993,6 +1008,19 @@ func (rep *faultReport) controlMax(child int, t0 int64, sick []string, from int6
 	return slowest
 }
 
+// holders returns the other children that computed sc's id while sc
+// waited: a fetch begun before the call ended, and ended at most
+// healthyBound before it began (the store and publish follow the fetch).
+func (rep *faultReport) holders(sc slowOf) []int {
+	var hs []int
+	for _, f := range rep.fetchedBy[sc.id] {
+		if f.child != sc.child && f.start <= sc.start+int64(sc.lat) && f.end >= sc.start-int64(healthyBound) && !slices.Contains(hs, f.child) {
+			hs = append(hs, f.child)
+		}
+	}
+	return hs
+}
+
 type hotReadOf struct {
 	child, id string
 	version   int
@@ -1007,7 +1035,7 @@ func (r *faultRun) stop() *faultReport {
 	for _, k := range r.kids {
 		_, _ = io.WriteString(k.in, "stop\n")
 	}
-	rep := &faultReport{ids: map[string]*idCalls{}, fetches: map[string]int{}, controls: map[int]map[string]map[int64]time.Duration{}}
+	rep := &faultReport{ids: map[string]*idCalls{}, fetches: map[string]int{}, fetchedBy: map[string][]fetchOf{}, controls: map[int]map[string]map[int64]time.Duration{}}
 	for p, k := range r.kids {
 		finished := false
 		for k.out.Scan() {
@@ -1036,8 +1064,13 @@ func (r *faultRun) stop() *faultReport {
 				h.served = Served(served)
 				rep.hot = append(rep.hot, h)
 			case "fetch":
-				id, _, _ := strings.Cut(rest, " ")
+				var id string
+				f := fetchOf{child: p}
+				if _, err := fmt.Sscanf(rest, "%s %d %d", &id, &f.start, &f.end); err != nil {
+					r.t.Fatalf("child line %q: %v", line, err)
+				}
 				rep.fetches[id]++
+				rep.fetchedBy[id] = append(rep.fetchedBy[id], f)
 			case "control":
 				var addr string
 				var b int64
@@ -1207,8 +1240,13 @@ func (r *faultRun) check(rep *faultReport, fc faultChecks) {
 		}
 	}
 	// Every call over healthyBound for an id of a healthy master fails the
-	// run, unless plain GETs from the same child to healthy masters were
-	// slow at the same time (excusedBound).
+	// run, unless plain GETs to healthy masters were slow at the same time
+	// (excusedBound) from the same child, or from a child that computed the
+	// id meanwhile: a waiter waits for its holder's fetch, store and
+	// publish, which run in the holder's process (seen once under
+	// .ci/under-load: a call took 5.1 s where its own process's GETs took
+	// up to 0.48 s, and the same id's calls in the two other processes,
+	// whose GETs took up to 0.97 s, were excused).
 	for _, addr := range fc.sick {
 		found := false
 		for _, byAddr := range rep.controls {
@@ -1225,13 +1263,19 @@ func (r *faultRun) check(rep *faultReport, fc faultChecks) {
 			continue
 		}
 		ctl := rep.controlMax(sc.child, r.t0.UnixNano(), fc.sick, sc.start, sc.lat)
+		slowest := r.names[sc.child] // the child whose GETs were slowest
+		for _, h := range rep.holders(sc) {
+			if hc := rep.controlMax(h, r.t0.UnixNano(), fc.sick, sc.start, sc.lat); hc > ctl {
+				ctl, slowest = hc, r.names[h]+", which computed it"
+			}
+		}
 		if sc.lat <= excusedBound(ctl) {
 			excusedIDs[sc.id] = true
-			t.Logf("%s (%v): a call in %s took %v, excused: a plain GET from that process to a healthy master took up to %v meanwhile (bound %v)", sc.id, onHealthy, r.names[sc.child], sc.lat, ctl, excusedBound(ctl))
+			t.Logf("%s (%v): a call in %s took %v, excused: a plain GET from %s to a healthy master took up to %v meanwhile (bound %v)", sc.id, onHealthy, r.names[sc.child], sc.lat, slowest, ctl, excusedBound(ctl))
 			continue
 		}
 		if !slowIDs[sc.id] {
-			t.Errorf("%s (%v): a call in %s began at %.2fs and took %v; plain GETs from that process to healthy masters took up to %v meanwhile (bound %v)", sc.id, onHealthy, r.names[sc.child], time.Duration(sc.start-r.t0.UnixNano()).Seconds(), sc.lat, ctl, excusedBound(ctl))
+			t.Errorf("%s (%v): a call in %s began at %.2fs and took %v; plain GETs from it, and from the processes that computed the id meanwhile, to healthy masters took up to %v (bound %v)", sc.id, onHealthy, r.names[sc.child], time.Duration(sc.start-r.t0.UnixNano()).Seconds(), sc.lat, ctl, excusedBound(ctl))
 		}
 		slowIDs[sc.id] = true
 	}
