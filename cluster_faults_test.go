@@ -844,14 +844,17 @@ type hotWriter struct {
 	done    map[string]map[int]int64 // id: version: completed, Unix ns
 	failed  int
 	errs    map[string]int // error text: count
-	quit    chan struct{}
-	exited  chan struct{}
-	once    sync.Once
+	// failedOf: by id, each failed write's version and span (Unix ns),
+	// for the coherence check's message.
+	failedOf map[string][]failedWrite
+	quit     chan struct{}
+	exited   chan struct{}
+	once     sync.Once
 }
 
 func startHotWriter(c *Client) *hotWriter {
 	w := &hotWriter{c: c, paused: map[string]bool{}, version: map[string]int{}, done: map[string]map[int]int64{},
-		errs: map[string]int{}, quit: make(chan struct{}), exited: make(chan struct{})}
+		errs: map[string]int{}, failedOf: map[string][]failedWrite{}, quit: make(chan struct{}), exited: make(chan struct{})}
 	go w.loop()
 	return w
 }
@@ -888,6 +891,7 @@ func (w *hotWriter) loop() {
 		// under .ci/under-load: a read 4.7 s after a completed write
 		// returned the version before it). go-redis's own timeouts bound
 		// the call.
+		began := time.Now().UnixNano()
 		err := w.c.Set(bg(), id, fmt.Appendf(nil, "v of %s#%d", id, v), time.Minute)
 		now := time.Now().UnixNano()
 		w.writing.Unlock()
@@ -895,6 +899,7 @@ func (w *hotWriter) loop() {
 		if err != nil {
 			w.failed++
 			w.errs[firstLineOf(err.Error())]++
+			w.failedOf[id] = append(w.failedOf[id], failedWrite{version: v, start: began, end: now})
 		} else {
 			if w.done[id] == nil {
 				w.done[id] = map[int]int64{}
@@ -903,6 +908,12 @@ func (w *hotWriter) loop() {
 		}
 		w.mu.Unlock()
 	}
+}
+
+// failedWrite is a write of a hot id that returned an error.
+type failedWrite struct {
+	version    int
+	start, end int64 // Unix ns
 }
 
 func firstLineOf(s string) string {
@@ -1415,10 +1426,15 @@ func (r *faultRun) checkCoherence(rep *faultReport, fc faultChecks) {
 		}
 		stale++
 		if stale <= 5 {
-			t.Errorf("%s read version %d (served %v) at %.2fs in %s, %v after a newer version was written (at %.2fs); the call took %v",
+			var failed []string
+			for _, fw := range w.failedOf[h.id] {
+				failed = append(failed, fmt.Sprintf("version %d from %.2fs to %.2fs", fw.version,
+					time.Duration(fw.start-r.t0.UnixNano()).Seconds(), time.Duration(fw.end-r.t0.UnixNano()).Seconds()))
+			}
+			t.Errorf("%s read version %d (served %v) at %.2fs in %s, %v after a newer version was written (at %.2fs); the call took %v; failed writes of the id: %v",
 				h.id, h.version, h.served, time.Duration(h.start-r.t0.UnixNano()).Seconds(), h.child,
 				time.Duration(h.start-newer).Round(time.Millisecond), time.Duration(newer-r.t0.UnixNano()).Seconds(),
-				time.Duration(h.took).Round(time.Millisecond))
+				time.Duration(h.took).Round(time.Millisecond), failed)
 		}
 	}
 	if stale > 0 {
