@@ -491,7 +491,13 @@ namespace MemoLockTests
                 for (int round = 0; round < 8; round++)
                 {
                     var ts = Enumerable.Range(0, 3).Select(_ => srv.Transport()).ToArray();
-                    var cs = ts.Select(t => new MemoLock(t, "s" + round, TimeSpan.FromMilliseconds(500))).ToArray();
+                    // A lock TTL far over the round: a holder stalled on a loaded
+                    // machine keeps its lock (with 500 ms, one lapsed under
+                    // .ci/under-load, a second holder computed, and the callers
+                    // got two values), and a takeover that waited for the TTL
+                    // instead of the abandon or the reconnect shows as a slow round.
+                    var cs = ts.Select(t => new MemoLock(t, "s" + round, TimeSpan.FromSeconds(30))).ToArray();
+                    var roundSw = Stopwatch.StartNew();
                     var errors = new List<string>();
                     var values = new Dictionary<string, HashSet<string>>();
                     var threads = new List<Thread>();
@@ -520,6 +526,7 @@ namespace MemoLockTests
                     // Close waits at most 1 s for flights and 1 s for the subscriber: far under the callers' 20 s.
                     Assert.True(closeSw.ElapsedMilliseconds < 5000, "Close took " + closeSw.ElapsedMilliseconds + " ms");
                     foreach (var t in threads) Assert.True(t.Join(15000), "round " + round + ": a caller is stuck");
+                    Assert.True(roundSw.ElapsedMilliseconds < 10000, "round " + round + " took " + roundSw.ElapsedMilliseconds + " ms: a takeover waited for the lock TTL (30 s)");
                     foreach (var c in cs) c.Close();
                     foreach (var t in ts) t.Dispose();
                     lock (errors) Assert.True(errors.Count == 0, "round " + round + ": " + string.Join("; ", errors));
