@@ -100,6 +100,26 @@ func (h *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 	}
 }
 
+// hookEach is a go-redis hook that calls its function with every command
+// before it is sent, those of pipelines included.
+type hookEach func(redis.Cmder)
+
+func (h hookEach) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h hookEach) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h(cmd)
+		return next(ctx, cmd)
+	}
+}
+func (h hookEach) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			h(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
 // testClient is a memolock Client with its own go-redis client, as a
 // separate process would have.
 type testClient struct {
