@@ -316,7 +316,8 @@ func within(ctx context.Context, call func(context.Context) error) error {
 	}
 }
 
-// noAnswer says that Redis did not answer within callTimeout.
+// noAnswer says that Redis did not answer within the call's time: callTimeout
+// for a command, libraryBudget for check's trial of the library.
 const noAnswer = "Redis did not answer in time"
 
 // timedOut returns "; " and noAnswer if err is a time-out that does not
