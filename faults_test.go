@@ -218,9 +218,11 @@ func TestGet_WaiterTakesOverWhenHolderDies(t *testing.T) {
 
 func TestGet_WatchdogKeepsSlowFetchLocked(t *testing.T) {
 	b := realBackend(t)
-	// Renewed every LockTTL/3: a second leaves the watchdog 600ms of
-	// scheduling delay on a loaded machine before the lock could lapse.
-	const lockTTL = time.Second
+	// Renewed every LockTTL/3: three seconds leave the watchdog 2 s of
+	// scheduling delay on a loaded machine before the lock could lapse
+	// (with one second, the 667 ms left lapsed once under .ci/under-load,
+	// two copies of the suite on two cores).
+	const lockTTL = 3 * time.Second
 	opts := &Options{LockTTL: lockTTL}
 	c1 := newTestClient(t, b.addr, "slow", opts)
 	c2 := newTestClient(t, b.addr, "slow", opts)
@@ -230,8 +232,8 @@ func TestGet_WatchdogKeepsSlowFetchLocked(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// Four lock TTLs long.
-			v, err := c.Get(bg(), "k", constFetch(&calls, "slow value", 4*lockTTL))
+			// Three lock TTLs long: eight renewals.
+			v, err := c.Get(bg(), "k", constFetch(&calls, "slow value", 3*lockTTL))
 			if err != nil || string(v) != "slow value" {
 				t.Errorf("Get = %q, %v", v, err)
 			}
