@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -92,12 +93,16 @@ func TestGet_RedisDownFailsFastAndRecovers(t *testing.T) {
 	}
 	// At once: without a command to Redis (the probe's PINGs aside),
 	// which counts where a time bound could not tell a quick answer from
-	// go-redis's quick refusal on a loaded machine. The commands sent are
-	// named if any was (once under .ci/under-load, one was, unnamed).
+	// go-redis's quick refusal on a loaded machine. Nor are the first
+	// Get's commands counted: its lookup failed on the flight's first
+	// try, the flight's goroutine answered it, and then releases the lock
+	// the lookup may have taken, which under load comes while the 20 Gets
+	// run (seen under .ci/under-load: the release of id k, with an
+	// abandon event).
 	var mu sync.Mutex
 	var sent []string
 	c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
-		if cmd.Name() != "ping" {
+		if cmd.Name() != "ping" && !slices.Contains(cmd.Args(), any("down/lock:k")) {
 			mu.Lock()
 			sent = append(sent, fmt.Sprint(cmd.Args()))
 			mu.Unlock()
