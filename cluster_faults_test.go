@@ -551,6 +551,8 @@ type faultRun struct {
 	client *Client              // the test's own: the hot writer's, and the ids' keys
 	rdb    *redis.ClusterClient // client's
 	events []string
+	// startRoles is each node's role when the run began (see roles).
+	startRoles string
 
 	slotMu  sync.Mutex
 	slotOf  map[string]int64 // id: the slot of its keys
@@ -583,9 +585,28 @@ func startFaultRun(t *testing.T, nodes []*redistest.Server, l1 bool) *faultRun {
 			t.Fatal(err)
 		}
 	}
+	r.startRoles = r.roles()
 	r.writer = startHotWriter(r.client)
 	t.Cleanup(r.writer.stop)
 	return r
+}
+
+// roles returns each node's role as ROLE says it ("master", "slave"), or
+// the error that asking met (a killed node), for the log.
+func (r *faultRun) roles() string {
+	var out []string
+	for _, n := range r.nodes {
+		rdb := redis.NewClient(&redis.Options{Addr: n.Addr, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: 2 * time.Second})
+		role, err := rdb.Do(bg(), "ROLE").Slice()
+		_ = rdb.Close()
+		switch {
+		case err != nil:
+			out = append(out, fmt.Sprintf("%s %v", n.Addr, err))
+		case len(role) > 0:
+			out = append(out, fmt.Sprintf("%s %v", n.Addr, role[0]))
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 // recoverBound is how soon after a replica took over the old master's ids
@@ -1286,7 +1307,12 @@ func (r *faultRun) check(rep *faultReport, fc faultChecks) {
 			continue
 		}
 		if !slowIDs[sc.id] {
-			t.Errorf("%s (%v): a call in %s began at %.2fs and took %v; plain GETs from it, and from the processes that computed the id meanwhile, to healthy masters took up to %v (bound %v)", sc.id, onHealthy, r.names[sc.child], time.Duration(sc.start-r.t0.UnixNano()).Seconds(), sc.lat, ctl, excusedBound(ctl))
+			var fetches []string
+			for _, f := range rep.fetchedBy[sc.id] {
+				fetches = append(fetches, fmt.Sprintf("%s %.2f-%.2fs", r.names[f.child],
+					time.Duration(f.start-r.t0.UnixNano()).Seconds(), time.Duration(f.end-r.t0.UnixNano()).Seconds()))
+			}
+			t.Errorf("%s (%v): a call in %s began at %.2fs and took %v; plain GETs from it, and from the processes that computed the id meanwhile, to healthy masters took up to %v (bound %v); the id's fetches that ended: %v", sc.id, onHealthy, r.names[sc.child], time.Duration(sc.start-r.t0.UnixNano()).Seconds(), sc.lat, ctl, excusedBound(ctl), fetches)
 		}
 		slowIDs[sc.id] = true
 	}
@@ -1438,7 +1464,9 @@ func (r *faultRun) checkCoherence(rep *faultReport, fc faultChecks) {
 		}
 	}
 	if stale > 0 {
-		t.Errorf("%d reads of hot ids were older than a write completed %v before them", stale, l1Bound)
+		// A healthy master failed over under load would lose the writes
+		// its replica had not yet received: say whether one was.
+		t.Errorf("%d reads of hot ids were older than a write completed %v before them; the nodes' roles at the start: %s; now: %s", stale, l1Bound, r.startRoles, r.roles())
 	}
 	if r.l1 && l1Reads == 0 {
 		t.Error("no hot id was last read from the L1: the L1 was not at work")
