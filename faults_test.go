@@ -232,8 +232,8 @@ func TestGet_WatchdogKeepsSlowFetchLocked(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// Three lock TTLs long: eight renewals.
-			v, err := c.Get(bg(), "k", constFetch(&calls, "slow value", 3*lockTTL))
+			// Two lock TTLs long: five renewals.
+			v, err := c.Get(bg(), "k", constFetch(&calls, "slow value", 2*lockTTL))
 			if err != nil || string(v) != "slow value" {
 				t.Errorf("Get = %q, %v", v, err)
 			}
