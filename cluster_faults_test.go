@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -1704,93 +1705,106 @@ func TestClusterFaults_SlotsMigrated(t *testing.T) {
 		src, dst := nodes[1], nodes[2]
 		r := startFaultRun(t, nodes, l1)
 		r.runUntilRound(2)
-		owners := r.slotOwners()
 		// The round whose slow ids on src will be computing, with
 		// waiters, when the slots start migrating, and ids of the same
 		// round stored on src by then, read all through the migration.
 		// Both must hold at once: the slow ids' locks for a second, so on
 		// a loaded machine the callers can miss that window; then the
 		// setup moves on to a later round (at most six tries, logged).
+		// A process that stalls between seeing the locks held and
+		// marking the slots can still miss it: that migration runs to
+		// its end, and the slots of a later round move too (at most
+		// three migrations, logged).
 		srcRdb := rawClient(t, src.Addr)
 		var slow, stored, hot []string
-		moving := map[int64]bool{}
-		round := r.round() + 1
-		for try := 1; ; try++ {
-			for ; ; round++ {
-				var ids []string
-				for i := range faultSlowIDs {
-					ids = append(ids, roundID(round, i))
+		moving := map[int64]bool{} // the slots of every migration
+		for migration := 1; ; migration++ {
+			owners := r.slotOwners()
+			slots := map[int64]bool{}
+			round := r.round() + 1
+			for try := 1; ; try++ {
+				for ; ; round++ {
+					var ids []string
+					for i := range faultSlowIDs {
+						ids = append(ids, roundID(round, i))
+					}
+					if slow = r.idsOn(ids, owners, src.Addr); len(slow) >= 2 {
+						break
+					}
 				}
-				if slow = r.idsOn(ids, owners, src.Addr); len(slow) >= 2 {
+				stored = nil
+				for i := faultSlowIDs; i < faultIDs; i++ {
+					stored = append(stored, roundID(round, i))
+				}
+				stored = r.idsOn(stored, owners, src.Addr)[:10]
+				// The slots are known before the wait, so that the
+				// migration begins as soon as the wait ends.
+				hot = r.idsOn(hotIDs(), owners, src.Addr)
+				hot = hot[:min(len(hot), 5)]
+				clear(slots)
+				for _, s := range r.slots(slices.Concat(slow, stored, hot)) {
+					slots[s] = true
+				}
+				r.runUntilRound(round)
+				// ready: every slow lock held, seen first at most
+				// slowLockFresh ago (a lock held for most of its fetch
+				// may be gone by the time the slots are MIGRATING), and
+				// every stored value there.
+				const slowLockFresh = faultSlow / 2
+				var locksSince time.Time // when every slow lock was first seen held
+				ready := func() bool {
+					for _, id := range slow {
+						placed, _ := r.client.wireID(id)
+						if srcRdb.Exists(bg(), r.client.keys.Lock(placed)).Val() == 0 {
+							locksSince = time.Time{}
+							return false
+						}
+					}
+					if locksSince.IsZero() {
+						locksSince = time.Now()
+					}
+					for _, id := range stored {
+						if srcRdb.Exists(bg(), r.valueKey(id)).Val() == 0 {
+							return false
+						}
+					}
+					return time.Since(locksSince) < slowLockFresh
+				}
+				ok := ready()
+				for !ok && time.Now().Before(r.roundStart(round+3)) {
+					time.Sleep(2 * time.Millisecond)
+					ok = ready()
+				}
+				if ok {
 					break
 				}
+				if try == 6 {
+					t.Fatalf("in %d rounds, the slow ids' locks (taken within %v) and the stored ids' values were never all there at once", try, slowLockFresh)
+				}
+				r.event("round %d: the slow ids' locks (taken within %v) and the stored ids' values were not all there at once; trying a later round", round, slowLockFresh)
+				round = r.round() + 1
 			}
-			stored = nil
-			for i := faultSlowIDs; i < faultIDs; i++ {
-				stored = append(stored, roundID(round, i))
-			}
-			stored = r.idsOn(stored, owners, src.Addr)[:10]
-			// The slots are known before the wait, so that the migration
-			// begins as soon as the wait ends.
-			hot = r.idsOn(hotIDs(), owners, src.Addr)
-			hot = hot[:min(len(hot), 5)]
-			clear(moving)
-			for _, s := range r.slots(slices.Concat(slow, stored, hot)) {
-				moving[s] = true
-			}
-			r.runUntilRound(round)
-			// ready: every slow lock held, seen first at most
-			// slowLockFresh ago (a lock held for most of its fetch may
-			// be gone by the time the slots are MIGRATING), and every
-			// stored value there.
-			const slowLockFresh = faultSlow / 2
-			var locksSince time.Time // when every slow lock was first seen held
-			ready := func() bool {
+			held := 0
+			migrateSlots(t, nodes, slots, src, dst, func() {
 				for _, id := range slow {
 					placed, _ := r.client.wireID(id)
-					if srcRdb.Exists(bg(), r.client.keys.Lock(placed)).Val() == 0 {
-						locksSince = time.Time{}
-						return false
+					if srcRdb.Exists(bg(), r.client.keys.Lock(placed)).Val() == 1 {
+						held++
 					}
 				}
-				if locksSince.IsZero() {
-					locksSince = time.Now()
-				}
-				for _, id := range stored {
-					if srcRdb.Exists(bg(), r.valueKey(id)).Val() == 0 {
-						return false
-					}
-				}
-				return time.Since(locksSince) < slowLockFresh
-			}
-			ok := ready()
-			for !ok && time.Now().Before(r.roundStart(round+3)) {
-				time.Sleep(2 * time.Millisecond)
-				ok = ready()
-			}
-			if ok {
+				r.event("migration %d: %d slots migrating from %s to %s (slow ids %v, %d of their locks held, stored ids %v, hot ids %v)", migration, len(slots), src.Addr, dst.Addr, slow, held, stored, hot)
+				r.runUntilRound(round + 2)
+			})
+			maps.Copy(moving, slots)
+			if held > 0 {
 				break
 			}
-			if try == 6 {
-				t.Fatalf("in %d rounds, the slow ids' locks (taken within %v) and the stored ids' values were never all there at once", try, slowLockFresh)
+			if migration == 3 {
+				t.Errorf("in %d migrations, no slow id's lock was held when the slots began migrating: a migration under held locks was not tested", migration)
+				break
 			}
-			r.event("round %d: the slow ids' locks (taken within %v) and the stored ids' values were not all there at once; trying a later round", round, slowLockFresh)
-			round = r.round() + 1
+			r.event("migration %d: no slow id's lock was held when the slots began migrating (the test process stalled); migrating a later round's slots too", migration)
 		}
-		migrateSlots(t, nodes, moving, src, dst, func() {
-			held := 0
-			for _, id := range slow {
-				placed, _ := r.client.wireID(id)
-				if srcRdb.Exists(bg(), r.client.keys.Lock(placed)).Val() == 1 {
-					held++
-				}
-			}
-			if held == 0 {
-				t.Errorf("no slow id's lock was held when the slots began migrating: a migration under held locks was not tested")
-			}
-			r.event("%d slots migrating from %s to %s (slow ids %v, %d of their locks held, stored ids %v, hot ids %v)", len(moving), src.Addr, dst.Addr, slow, held, stored, hot)
-			r.runUntilRound(round + 2)
-		})
 		r.event("the slots are on %s", dst.Addr)
 		r.runUntilRound(r.round() + 2)
 		rep := r.stop()
