@@ -195,7 +195,9 @@ func (c *Client) Get(ctx context.Context, id string, fetch FetchFunc) ([]byte, e
 // GetExternal is Get for values that another program produces: the lock
 // winner calls start, which starts the work elsewhere, and then waits like
 // everybody else for the value to be SET and PUBLISHed on KeyScheme.Notif.
-// The winner keeps its lock until the value arrives, even if its callers
+// The winner subscribes before it calls start, so a producer may publish
+// its value, or its failure on KeyScheme.Events under Lease.Token, as soon
+// as it is started, even before start returns. The winner keeps its lock until the value arrives, even if its callers
 // leave, and Close releases it. If the lock expires first, the next caller
 // starts the work again. This is the original redis-memolock's
 // GetResourceExternal.

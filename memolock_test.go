@@ -618,6 +618,58 @@ func TestGet_ExternalProducerFailureReportedWithToken(t *testing.T) {
 	}
 }
 
+// A producer that answers while start still runs (it failed at once, or
+// had the value ready) publishes before start returns. The winner is live
+// before it starts the work (PROTOCOL.md [E1]), so the answer is heard at
+// once, not after the 30 s lock TTL and a second start.
+func TestGetExternal_ProducerThatAnswersDuringStartIsHeard(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			c := newTestClient(t, b.addr, "quick", &Options{LockTTL: 30 * time.Second})
+			raw := rawClient(t, b.addr)
+			t.Run("fail", func(t *testing.T) {
+				var starts atomic.Int64
+				ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+				defer cancel()
+				_, err := c.GetExternal(ctx, "f", func(_ context.Context, l *Lease) error {
+					starts.Add(1)
+					return raw.Publish(bg(), "quick/lock-event:f", "fail\n"+l.Token()+"\nno such report").Err()
+				})
+				if !errors.Is(err, ErrHolderFailed) || !strings.Contains(err.Error(), "no such report") {
+					t.Fatalf("GetExternal = %v, want the producer's failure well before the 30 s lock TTL", err)
+				}
+				if n := starts.Load(); n != 1 {
+					t.Errorf("start ran %d times", n)
+				}
+				if raw.Exists(bg(), "quick/lock:f").Val() != 0 {
+					t.Error("lock not released after the producer's failure")
+				}
+			})
+			t.Run("value published, not stored", func(t *testing.T) {
+				looks := countLookups(c.rdb, "quick:v")
+				var starts atomic.Int64
+				ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+				defer cancel()
+				v, err := c.GetExternal(ctx, "v", func(_ context.Context, l *Lease) error {
+					starts.Add(1)
+					return raw.Publish(bg(), "quick/notif:v", "ready at once").Err()
+				})
+				if err != nil || string(v) != "ready at once" {
+					t.Fatalf("GetExternal = %q, %v, want the published value well before the 30 s lock TTL", v, err)
+				}
+				if n := starts.Load(); n != 1 {
+					t.Errorf("start ran %d times", n)
+				}
+				// Live before the work started: nothing can have been
+				// missed, so no lookup after it.
+				if n := looks.n.Load(); n != 1 {
+					t.Errorf("%d lookups, want the one that took the lock", n)
+				}
+			})
+		})
+	}
+}
+
 func TestGet_RedisDown(t *testing.T) {
 	addr := refusedAddr(t) // a closed server's port could be another test's server by now
 	t.Run("default returns ErrRedis", func(t *testing.T) {

@@ -519,6 +519,30 @@ func TestGet_RefusedSubscriptionIsAnError(t *testing.T) {
 	}
 }
 
+// A subscription Redis refuses would never hear the producer: the work is
+// not started, and the lock goes at once.
+func TestGetExternal_RefusedSubscriptionStartsNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	c := aclClient(t, srv, "aclx", &Options{LockTTL: 30 * time.Second}, "~*", "resetchannels")
+	raw := rawClient(t, srv.Addr)
+	ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+	defer cancel()
+	var starts atomic.Int64
+	_, err := c.GetExternal(ctx, "k", func(context.Context, *Lease) error {
+		starts.Add(1)
+		return nil
+	})
+	if !errors.Is(err, ErrRedis) || !strings.Contains(err.Error(), "NOPERM") || !strings.Contains(err.Error(), "aclx/notif:k") {
+		t.Fatalf("GetExternal = %v, want ErrRedis naming NOPERM and the channel", err)
+	}
+	if n := starts.Load(); n != 0 {
+		t.Errorf("start ran %d times with a refused subscription", n)
+	}
+	if raw.Exists(bg(), "aclx/lock:k").Val() != 0 {
+		t.Error("lock kept after the subscription was refused")
+	}
+}
+
 // An ACL may allow some channels and not others, and Redis refuses a whole
 // SUBSCRIBE for one channel it denies: waits on allowed ids must not fail
 // with the denied ones that shared their SUBSCRIBE.

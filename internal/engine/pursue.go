@@ -1,9 +1,9 @@
 package engine
 
 import (
-	"time"
-
 	"context"
+	"fmt"
+	"time"
 
 	"github.com/memolock/memolock/internal/pubsub"
 	"github.com/memolock/memolock/internal/wire"
@@ -90,10 +90,10 @@ func (p *pursuit) pursue(a attempt) ([]byte, error) {
 			if n, _, decided := p.heard(r.PTTL); decided {
 				return n.val, n.err
 			}
-			var err error
-			if r, err = p.startExternal(); err != nil {
-				return nil, err
+			if n, decided := p.startExternal(); decided {
+				return n.val, n.err
 			}
+			r = wire.Reply{Kind: wire.Busy, PTTL: e.cfg.LockTTL, Holder: f.token}
 		}
 		n := p.wait(r)
 		if !n.again {
@@ -124,18 +124,87 @@ func (p *pursuit) compute(pttl time.Duration) ([]byte, error) {
 
 // startExternal starts the external work under the lock the flight took,
 // or took again after it expired, unless nobody wants it any more; the
-// flight then waits for the value like any waiter, holding its lock.
-func (p *pursuit) startExternal() (wire.Reply, error) {
+// flight then waits for the value like any waiter, holding its lock. It
+// reports decided when the flight ended before the work started, or
+// because it could not start.
+func (p *pursuit) startExternal() (next, bool) {
 	e, f := p.e, p.f
+	p.own = true // from here on, end releases it
 	if e.flights.retire(f) {
-		p.own = true // end releases it
-		return wire.Reply{}, errAbandoned
+		return next{err: errAbandoned}, true
+	}
+	if n, decided := p.goLive(); decided {
+		return n, true
+	}
+	if e.flights.retire(f) {
+		return next{err: errAbandoned}, true
 	}
 	p.takeover()
 	if err := e.startExternal(p); err != nil {
-		return wire.Reply{}, err
+		p.own = false // startExternal released it
+		return next{err: err}, true
 	}
-	return wire.Reply{Kind: wire.Busy, PTTL: e.cfg.LockTTL, Holder: f.token}, nil
+	return next{}, false
+}
+
+// goLive subscribes before the external work starts, and waits until the
+// subscription is live (PROTOCOL.md [E1]): the producer may publish its
+// value or its failure the moment it is started, and what is published
+// before a subscription takes effect is lost. A flight that waited before
+// it took the lock over is live already. The wait is bounded by a third of
+// the lock TTL: past it, the work starts anyway, and the wait after it
+// looks again once live. It reports decided, with the flight's answer,
+// when something ended the flight first: a value published meanwhile, a
+// refused subscription, Close. Nobody has the flight's token yet, so
+// events are not looked at. The lock is the flight's own: end releases
+// it, and value releases it for a value.
+func (p *pursuit) goLive() (next, bool) {
+	if p.live && p.watch != nil {
+		return next{}, false
+	}
+	e, f := p.e, p.f
+	notif := e.keys.Notif(f.key)
+	bound := time.NewTimer(e.cfg.LockTTL / 3)
+	defer bound.Stop()
+	for {
+		if p.watch == nil {
+			// No fast path: a value must release the lock first (see busy).
+			p.watch = e.subs.Watch(nil, notif, e.keys.Events(f.key))
+		}
+		select {
+		case <-p.watch.Signal():
+			ev := p.watch.Take()
+			switch {
+			case ev.Closed:
+				return next{err: ErrClosed}, true
+			case ev.Err != nil:
+				return next{err: fmt.Errorf("%w: subscribing to %s: %w", ErrRedis, wire.Quote(notif), ev.Err)}, true
+			}
+			for _, m := range ev.Messages {
+				if m.Channel == notif {
+					n := p.value([]byte(m.Payload))
+					p.served = ServedWaited // somebody else's value: no work was started
+					return n, true
+				}
+			}
+			if ev.Moved {
+				// The slot moved: watch where it is now.
+				p.unwatch()
+				p.movedAt = time.Now()
+				continue
+			}
+			if ev.Reread {
+				p.live = true
+				return next{}, false
+			}
+		case <-bound.C:
+			return next{}, false
+		case <-f.ctx.Done():
+			return next{err: e.ended()}, true
+		case <-f.done:
+			return p.onFinished(), true
+		}
+	}
 }
 
 // lookupFailed ends a flight whose lookup failed.

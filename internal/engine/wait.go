@@ -159,6 +159,11 @@ func (p *pursuit) onEvents(ev pubsub.Events) (next, bool) {
 		// come this way.
 		return next{err: fmt.Errorf("%w: subscribing to %s: %w", ErrRedis, wire.Quote(e.keys.Notif(f.key)), ev.Err)}, true
 	}
+	if ev.Reread {
+		// Live now, even if a message below ends the wait: the takeover
+		// check (heard) and an external start (goLive) rely on knowing it.
+		p.live = true
+	}
 	notif := e.keys.Notif(f.key)
 	for _, m := range ev.Messages {
 		if m.Channel == notif {
@@ -169,8 +174,7 @@ func (p *pursuit) onEvents(ev pubsub.Events) (next, bool) {
 		}
 	}
 	if ev.Reread {
-		// Live now: whatever was published before is lost, so look.
-		p.live = true
+		// Whatever was published before is lost, so look.
 		return next{again: true}, true
 	}
 	return next{}, false

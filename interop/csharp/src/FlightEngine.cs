@@ -176,7 +176,11 @@ namespace MemoLockNet
                     // the wait, which releases the lock with its linger, and
                     // not from the subscriber thread (OnValue), after which
                     // the lock went with an abandon event (seen under load).
-                    w.Own = true;
+                    // Live before start ([E1]): a producer that fails or
+                    // finishes during start must not publish into the void.
+                    if (w.EndedBeforeStart(out ended)) return ended;
+                    // [E4]: every caller may have left during that wait.
+                    if (Flights.Retire(f)) return Next.Fail(new AbandonedException());
                     var err = StartExternal(f);
                     if (err != null) { w.Own = false; return Next.Fail(err); }
                     r = new AcquireReply { Kind = ReplyKind.Busy, Pttl = LockTtlMs, Holder = f.Token };

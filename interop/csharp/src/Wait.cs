@@ -143,6 +143,57 @@ namespace MemoLockNet
             }
         }
 
+        /// <summary>
+        /// External mode, [E1]: the flight holds its lock and is about to call
+        /// its start function. A producer may publish its value or its
+        /// failure the moment it is started, and what is published before a
+        /// subscription takes effect is lost, so the flight first subscribes
+        /// (the lock is its own from here) and waits until that subscription
+        /// is live; a watch live already (a takeover after a wait, a restart
+        /// after the lock expired) needs no wait. A value on the channel
+        /// meanwhile is the answer (the lock goes with its linger, [E2]); a
+        /// refused subscription, Close, or every caller leaving end the
+        /// flight: true, with n, and start is not called (End releases the
+        /// lock with an abandon event). Bounded by lock TTL/3: past it, false,
+        /// start runs anyway, and the wait looks again once live ([W11]).
+        /// What arrives once live is left for the wait after start.
+        /// </summary>
+        public bool EndedBeforeStart(out Next n)
+        {
+            n = default(Next);
+            own = true;
+            if (w == null) w = c.Sub.Add(OnValue, c.Keys.Notif(f.Key), c.Keys.Events(f.Key));
+            var handles = new WaitHandle[] { w.Signal, f.Cancel.Token.WaitHandle };
+            var sw = Stopwatch.StartNew();
+            long bound = Math.Max(c.LockTtlMs / 3, 1);
+            string notif = Bytes.Latin1(c.Keys.Notif(f.Key));
+            while (true)
+            {
+                // Liveness read before Take: if live, this Take holds all
+                // that arrived before the watch became live, and a value
+                // among it means start must not run.
+                bool live = c.Sub.IsLive(w);
+                var ev = c.Sub.Take(w);
+                foreach (var m in ev.Messages)
+                    if (m.Key == notif) { n = Value(m.Value); return true; }
+                // Events before start concern earlier holders only (the
+                // takeover check had those of the holder waited on).
+                if (ev.Closed) { n = Next.Fail(new MemoLockClosedException()); return true; }
+                if (ev.Err != null)
+                {
+                    n = Next.Fail(new RedisException("memolock: redis: subscribing to \"" + notif + "\": " + ev.Err));
+                    return true;
+                }
+                if (f.Cancel.IsCancellationRequested) { n = Next.Fail(c.Ended()); return true; }
+                // Live: the marker's re-read is not needed, the lock is ours
+                // and nothing was published for it that we did not get.
+                if (live || ev.Reread) return false;
+                long left = bound - sw.ElapsedMilliseconds;
+                if (left <= 0) return false;
+                WaitHandle.WaitAny(handles, (int)Math.Min(left, int.MaxValue));
+            }
+        }
+
         // On the subscriber thread: hands a published value to the callers at
         // once. With a lock of our own the flight releases it first.
         void OnValue(byte[] payload)

@@ -484,6 +484,62 @@ namespace MemoLockTests
         }
 
         /// <summary>
+        /// [E1]: the winner is live before it calls start, so a producer that
+        /// fails at once (here: start itself, before it returns) reaches it.
+        /// Subscribed only after start, the winner lost the event, waited out
+        /// its whole lock TTL (30 s) and then started the work again.
+        /// </summary>
+        [Test]
+        static void External_ProducerFailingDuringStartReachesTheWinner()
+        {
+            With(1, (srv, cs) =>
+            {
+                int starts = 0;
+                string token = null;
+                var sw = Stopwatch.StartNew();
+                var e = Assert.Throws<HolderFailedException>(() => cs[0].GetExternal("ef", l =>
+                {
+                    Interlocked.Increment(ref starts);
+                    token = l.Token;
+                    srv.Call("PUBLISH", "t/lock-event:ef", "fail\n" + l.Token + "\nproducer broke at once");
+                }, TimeSpan.FromSeconds(15)), "winner");
+                Assert.True(sw.Elapsed < TimeSpan.FromSeconds(5), "failed promptly, not after the 30 s lock TTL: " + sw.Elapsed);
+                Assert.Equal("producer broke at once", e.HolderMessage, "message");
+                Assert.Equal(1, starts, "started once");
+                Assert.Equal(null, srv.Call("GET", "t/lock:ef"), "lock released (no linger)");
+            }, TimeSpan.FromSeconds(30));
+        }
+
+        /// <summary>
+        /// [E1], [E2]: start stores and publishes the value before it returns.
+        /// The winner, live before it called start, has the value from its
+        /// channel: no lookup after start, the lock released with its linger.
+        /// </summary>
+        [Test]
+        static void External_ValuePublishedDuringStartNeedsNoLookup()
+        {
+            With(1, (srv, cs, spies) =>
+            {
+                int starts = 0;
+                string token = null;
+                var sw = Stopwatch.StartNew();
+                var v = cs[0].GetExternal("ev", l =>
+                {
+                    Interlocked.Increment(ref starts);
+                    token = l.Token;
+                    srv.Call("SET", "t:ev", "produced at once");
+                    srv.Call("PUBLISH", "t/notif:ev", "produced at once");
+                }, TimeSpan.FromSeconds(15));
+                Assert.True(sw.Elapsed < TimeSpan.FromSeconds(5), "promptly: " + sw.Elapsed);
+                Assert.Equal("produced at once", S(v), "value");
+                Assert.Equal(1, starts, "started once");
+                Assert.Equal(1, Volatile.Read(ref spies[0].Lookups), "one lookup: the value came on the channel, live before start");
+                var lk = S((byte[])srv.Call("GET", "t/lock:ev"));
+                Assert.True(lk == null || lk == "done:" + token, "lock released with its linger: " + lk);
+            }, TimeSpan.FromSeconds(30));
+        }
+
+        /// <summary>
         /// Client a wins id and runs winner (which sets entered, then blocks until
         /// a closes); client b waits on id. Then a closes: b must take over at once
         /// (an abandon event, not a fail event, nor the 30 s lock TTL). Then b

@@ -32,6 +32,8 @@ namespace MemoLockTests
         public Func<bool> HoldMessagesUntil;
         /// <summary>Messages its pub/sub connections received.</summary>
         public int Messages;
+        /// <summary>When set, runs on the subscriber's writer thread before each PING goes out (after the SUBSCRIBE before it).</summary>
+        public Action BeforePing;
 
         public SpyTransport(RedisUrl url) { Inner = new RespTransport(url); }
 
@@ -83,7 +85,13 @@ namespace MemoLockTests
                 c.Subscribe(channels);
             }
             public void Unsubscribe(params byte[][] channels) { c.Unsubscribe(channels); }
-            public void Ping(byte[] payload) { Interlocked.Increment(ref t.Pings); c.Ping(payload); }
+            public void Ping(byte[] payload)
+            {
+                Interlocked.Increment(ref t.Pings);
+                var hook = t.BeforePing;
+                if (hook != null) hook();
+                c.Ping(payload);
+            }
             bool injected;
             public PubSubPush Receive(int timeoutMs)
             {
@@ -687,6 +695,128 @@ namespace MemoLockTests
                 Assert.True(S((byte[])srv.Call("GET", "t/lock:fz")) != token, "the lock was released before the caller was answered");
                 Assert.True(!listener.Poll(300), "no abandon event: the lock was released with its linger");
                 listener.Dispose();
+            }
+        }
+
+        /// <summary>The payload of the next message on listener within ms, or null.</summary>
+        static string NextMessage(RespConnection listener, int ms)
+        {
+            if (!listener.Poll(ms)) return null;
+            var m = listener.Read() as object[];
+            return m != null && m.Length == 3 ? S(m[2] as byte[]) : null;
+        }
+
+        /// <summary>
+        /// [E1]: a value published while the winner waits for its subscription
+        /// to be live (after the SUBSCRIBE took effect, before the marker PING
+        /// went out) is the answer: start is never called, and the lock goes
+        /// with an empty event and its linger, as for a value after start.
+        /// </summary>
+        [Test]
+        static void External_ValueBeforeLiveNeverStarts()
+        {
+            using (var srv = new RedisServer())
+            using (var rdb = new SpyTransport(srv.Url()))
+            using (var c = new MemoLock(rdb, "t", TimeSpan.FromSeconds(30)))
+            {
+                int published = 0;
+                rdb.BeforePing = () =>
+                {
+                    if (Interlocked.Exchange(ref published, 1) != 0) return;
+                    Assert.Eventually(() => NumSub(srv, "t/notif:vb") == 1, 20, "the SUBSCRIBE took effect");
+                    srv.Call("SET", "t:vb", "already there");
+                    srv.Call("PUBLISH", "t/notif:vb", "already there");
+                };
+                var listener = RespConnection.Open(srv.Url(), 5000);
+                try
+                {
+                    listener.Call("SUBSCRIBE", "t/lock-event:vb");
+                    int starts = 0;
+                    var sw = Stopwatch.StartNew();
+                    var v = c.GetExternal("vb", l => Interlocked.Increment(ref starts), TimeSpan.FromSeconds(15));
+                    Assert.True(sw.Elapsed < TimeSpan.FromSeconds(5), "promptly: " + sw.Elapsed);
+                    Assert.Equal("already there", S(v), "value");
+                    Assert.Equal(0, starts, "start not called");
+                    var lk = S((byte[])srv.Call("GET", "t/lock:vb"));
+                    Assert.True(lk == null || lk.StartsWith("done:", StringComparison.Ordinal), "lock released with its linger: " + lk);
+                    Assert.True(!listener.Poll(300), "no event: the release's event is empty, not abandon");
+                }
+                finally { listener.Dispose(); }
+            }
+        }
+
+        /// <summary>
+        /// [E1]: a subscription refused (NOPERM) before start fails the
+        /// flight; start is not called and the lock goes with abandon. The
+        /// ACL refuses the SUBSCRIBE command, not the channels: the release
+        /// must still PUBLISH its event.
+        /// </summary>
+        [Test]
+        static void External_RefusedSubscriptionFailsBeforeStart()
+        {
+            using (var srv = new RedisServer())
+            {
+                srv.Call("ACL", "SETUSER", "lim", "on", ">pw", "~*", "allchannels", "+@all", "-subscribe");
+                var listener = RespConnection.Open(srv.Url(), 5000);
+                using (var rdb = new RespTransport(UserUrl(srv, "lim", "pw")))
+                using (var c = new MemoLock(rdb, "t", TimeSpan.FromSeconds(30)))
+                try
+                {
+                    listener.Call("SUBSCRIBE", "t/lock-event:rf");
+                    int starts = 0;
+                    var sw = Stopwatch.StartNew();
+                    var e = Assert.Throws<RedisException>(() => c.GetExternal("rf", l => Interlocked.Increment(ref starts), TimeSpan.FromSeconds(15)), "refused");
+                    Assert.True(sw.Elapsed < TimeSpan.FromSeconds(5), "promptly: " + sw.Elapsed);
+                    Assert.True(e.Message.Contains("NOPERM"), "the refusal: " + e.Message);
+                    Assert.Equal(0, starts, "start not called");
+                    string evt = NextMessage(listener, 2000);
+                    Assert.True(evt != null && evt.StartsWith("abandon\n", StringComparison.Ordinal), "abandon event: " + evt);
+                    Assert.Equal(null, srv.Call("GET", "t/lock:rf"), "lock released");
+                }
+                finally { listener.Dispose(); }
+            }
+        }
+
+        /// <summary>
+        /// [E1], [E4]: the client closing, or every caller leaving, while the
+        /// winner waits to be live (its SUBSCRIBE held back) ends the flight:
+        /// start is not called, and the lock goes with an abandon event at
+        /// once, not after the wait's bound (lock TTL/3, 10 s here).
+        /// </summary>
+        [Test]
+        static void External_CloseOrCallersLeavingBeforeLiveNeverStarts()
+        {
+            foreach (bool close in new[] { true, false })
+            {
+                using (var srv = new RedisServer())
+                using (var rdb = new SpyTransport(srv.Url()) { SubscribeGate = new ManualResetEvent(false) })
+                {
+                    var c = new MemoLock(rdb, "t", TimeSpan.FromSeconds(30));
+                    var listener = RespConnection.Open(srv.Url(), 5000);
+                    try
+                    {
+                        listener.Call("SUBSCRIBE", "t/lock-event:cb");
+                        int starts = 0;
+                        Exception err = null;
+                        var t = Safe(() =>
+                        {
+                            try { c.GetExternal("cb", l => Interlocked.Increment(ref starts), close ? (TimeSpan?)null : TimeSpan.FromMilliseconds(300)); }
+                            catch (Exception e) { err = e; }
+                        });
+                        t.Start();
+                        Assert.True(rdb.FirstSubscribe.WaitOne(10000), "the winner subscribes");
+                        var sw = Stopwatch.StartNew();
+                        if (close) c.Close();
+                        Assert.True(t.Join(10000), "the caller returned");
+                        Assert.True(close ? err is MemoLockClosedException : err is MemoLockTimeoutException, (close ? "closed: " : "left: ") + err);
+                        string evt = NextMessage(listener, 5000);
+                        Assert.True(evt != null && evt.StartsWith("abandon\n", StringComparison.Ordinal), "abandon event: " + evt);
+                        Assert.True(sw.Elapsed < TimeSpan.FromSeconds(5), "at once, not after the bound: " + sw.Elapsed);
+                        Assert.Equal(null, srv.Call("GET", "t/lock:cb"), "lock released");
+                        Assert.Equal(0, starts, "start not called");
+                    }
+                    finally { rdb.SubscribeGate.Set(); c.Close(); listener.Dispose(); }
+                }
             }
         }
 

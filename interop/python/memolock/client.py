@@ -96,9 +96,11 @@ class Client(ClientBase):
         return self._get(id, fetch, None, timeout)
 
     def get_external(self, id, start, timeout=None):
-        """get() for values another program produces: the lock winner calls
-        start(lease), then waits like everybody else for the value to be SET
-        and PUBLISHed on the value channel."""
+        """get() for values another program produces: the lock winner
+        subscribes (and waits until that is live, so that a producer that
+        finishes or fails at once is heard), calls start(lease), then waits
+        like everybody else for the value to be SET and PUBLISHed on the
+        value channel."""
         if not callable(start):
             raise core.InvalidArgument("start must be callable")
         return self._get(id, None, start, timeout)

@@ -144,7 +144,7 @@ class Outcome:
 class WaitState:
     """What a flight knows of the lock it waits on."""
 
-    __slots__ = ("watch", "holder", "deadline", "own", "maybe_locked", "live")
+    __slots__ = ("watch", "holder", "deadline", "own", "maybe_locked", "live", "pending")
 
     def __init__(self):
         self.watch = None
@@ -153,6 +153,9 @@ class WaitState:
         self.own = False  # the flight holds the lock while it waits (external mode, a takeover's check)
         self.maybe_locked = False  # a lookup failed after the script may have run
         self.live = False  # the subscription was live at the last take
+        # Messages taken before the external start function ran, for the
+        # wait after it (live_before_start).
+        self.pending = []
 
 
 class Flight:
@@ -357,9 +360,15 @@ class Core:
                 if f.start is None:
                     yield from self.end(f)
                     return (yield from self.hold(f, pttl))
+                w.own = True  # until start: an early exit hands it over in end()
                 if self._retire(f):
-                    w.own = True  # end() releases it
                     raise Abandoned("memolock: flight abandoned")
+                answered, got = yield from self.live_before_start(f)
+                if answered:
+                    return got
+                if self._retire(f):  # every caller left while it subscribed ([E4])
+                    raise Abandoned("memolock: flight abandoned")
+                w.own = False  # start_external releases it if start fails; busy() takes it back after
                 yield from self.start_external(f)
                 r = P.Reply(P.BUSY, pttl=self.lock_ttl_ms, holder=f.token)
             n = yield from self.wait_for(f, r)
@@ -428,7 +437,8 @@ class Core:
             # last caller's leaving just before is seen in the checks after it.
             ev = yield Take(w.watch)
             self._taken(f, ev)
-            for ch, payload in ev.messages:
+            messages, w.pending = w.pending + ev.messages, []
+            for ch, payload in messages:
                 if ch == notif:
                     return (yield from self.got_value(f, payload))
                 kind, token, text = P.parse_event(payload)
@@ -586,6 +596,42 @@ class Core:
             return (yield Script("renew", [lock], [token, ms, self.keys.events(key)])) == 1
         except Exception as e:
             raise RedisError(f"memolock: redis: renewing lock {P.quote(lock)}: {e}") from e
+
+    def live_before_start(self, f):
+        """External mode, the lock just taken ([E1]): subscribes and waits
+        until the subscription is live before the start function runs, so
+        that a producer that finishes or fails at once is heard (what is
+        published before a subscription takes effect is lost). A flight
+        that took the lock over is live already. Returns (True, value) if a
+        value came meanwhile (the lock released with the linger, [E2]), else
+        (False, None): call start. A refused subscription, close or every
+        caller leaving raise (end() releases the lock with abandon). Past a
+        third of the lock TTL it gives up waiting: the wait after start
+        looks again once live ([W11]). Events taken here are kept for that
+        wait, which acts on them as on anything else."""
+        w = f.wait
+        if w.watch is not None and w.live:
+            return False, None
+        notif = self.keys.notif(f.key)
+        if w.watch is None:
+            w.watch = yield Watch(notif, self.keys.events(f.key))
+        bound = self.clock() + self.lock_ttl / 3
+        while True:
+            ev = yield Take(w.watch)
+            self._taken(f, ev)
+            for ch, payload in ev.messages:
+                if ch == notif:
+                    w.pending = []
+                    return True, (yield from self.got_value(f, payload))
+                w.pending.append((ch, payload))
+            if ev.live:
+                # Its marker is back (the reread, taken here, needs no
+                # lookup: the lock is ours and nobody else publishes yet).
+                return False, None
+            left = bound - self.clock()
+            if left <= 0:
+                return False, None
+            yield Sleep(min(left, P.MAX_SLEEP))
 
     def start_external(self, f):
         if not self._begin_hold(f):

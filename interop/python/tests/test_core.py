@@ -432,19 +432,32 @@ def test_lease_renew_error(c):
 
 # --- external mode -------------------------------------------------------------
 
-def test_external_winner_starts_then_waits_on_its_own_lock(c):
+def until_external_live(run, f):
+    """Steps a fresh external flight that takes the lock to its Start: it
+    subscribes first, and waits until the subscription is live ([E1])."""
+    run.expect(core.Script, "acquire")
+    run.send(1)
+    assert run.expect(core.Watch).channels == (b"t/notif:k", b"t/lock-event:k")  # no on_wait for our own lock
+    run.send("watch")
+    run.expect(core.Take)
+    run.send(events(live=False))
+    assert run.expect(core.Sleep).seconds == pytest.approx(1.0)  # lock TTL / 3
+    run.send(True)
+    run.send(events(reread=True))
+    assert run.expect(core.Start).flight is f
+    assert f.state == core.HOLDING
+
+
+def test_external_winner_is_live_before_it_starts_then_waits_on_its_own_lock(c):
     f = flight(c, fetch=None, start=lambda lease: None)
     f.fetch = None
     run = Run(c.pursue(f))
-    run.send(1)
-    assert run.expect(core.Start).flight is f
+    until_external_live(run, f)
     run.send()
-    run.expect(core.Watch)  # no on_wait for our own lock
-    run.send("watch")
-    run.send(events(reread=True))
-    run.expect(core.Script, "acquire")
-    run.send([2500, f.token])  # still ours: keep waiting
-    run.expect(core.Take)
+    run.expect(core.Take)  # live before start: no lookup after it
+    run.send(events())
+    run.expect(core.Sleep)
+    run.send(True)
     run.send(events([(b"t/notif:k", b"made elsewhere")]))
     op = run.expect(core.Script, "release")
     assert op.args == [f.token, b"t/lock-event:k", b"", P.LINGER_MS]
@@ -452,15 +465,135 @@ def test_external_winner_starts_then_waits_on_its_own_lock(c):
     assert run.result() == b"made elsewhere"
 
 
+def test_external_failure_published_during_start_is_heard(c):
+    # The producer failed while start ran: its event, read by the
+    # subscription live since before start, ends the flight at once.
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    until_external_live(run, f)
+    run.send()
+    run.expect(core.Take)
+    run.send(events([(b"t/lock-event:k", b"fail\n" + f.token + b"\nproducer failed")]))
+    op = run.expect(core.Script, "release")
+    assert op.args == [f.token, b"t/lock-event:k", b"", 0]  # [E3]: no event, no linger
+    run.send(1)
+    with pytest.raises(memolock.HolderFailed, match="producer failed"):
+        run.result()
+
+
 def test_external_start_failure_releases(c):
     f = flight(c, start=lambda lease: None)
     run = Run(c.pursue(f))
-    run.send(1)
-    run.expect(core.Start)
+    until_external_live(run, f)
     run.throw(OSError("cannot start"))
     assert run.expect(core.Script, "release").args[2] == b"fail\n" + f.token + b"\ncannot start"
     run.send(1)
     with pytest.raises(OSError):
+        run.result()
+    end = Run(c.end(f))
+    end.expect(core.Unwatch)
+    end.send()
+    assert end.done  # released once, with the failure
+
+
+def test_external_value_before_live_answers_without_starting(c):
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    run.send(1)
+    run.expect(core.Watch)
+    run.send("watch")
+    run.send(events([(b"t/lock-event:k", b"abandon\n" + HOLDER + b"\n"), (b"t/notif:k", b"there")], live=False))
+    op = run.expect(core.Script, "release")
+    assert op.args == [f.token, b"t/lock-event:k", b"", P.LINGER_MS]  # [E2]
+    run.send(1)
+    assert run.result() == b"there"
+    assert c.callbacks == 0 and f.state == core.LOOKING  # start never ran
+    end = Run(c.end(f))
+    end.expect(core.Unwatch)
+    end.send()
+    assert end.done
+
+
+@pytest.mark.parametrize("how", ["refused", "closed", "left"])
+def test_external_no_start_if_the_wait_to_be_live_ends(c, how):
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    run.send(1)
+    run.expect(core.Watch)
+    run.send("watch")
+    if how == "refused":
+        run.send(events(err=redis.exceptions.ResponseError("NOPERM"), live=False))
+        with pytest.raises(memolock.RedisError, match="NOPERM"):
+            run.result()
+    elif how == "closed":
+        c.close()
+        c.finish(f, None, memolock.Closed("memolock: client closed"))
+        run.send(events(closed=True, live=False))
+        with pytest.raises(memolock.Closed):
+            run.result()
+    else:
+        run.send(events(live=False))
+        run.expect(core.Sleep)
+        assert c.leave(f)  # the only caller leaves ([E4])
+        run.send(True)
+        run.send(events(reread=True))
+        with pytest.raises(memolock.Abandoned):
+            run.result()
+    assert c.callbacks == 0  # start never ran
+    end = Run(c.end(f))
+    end.expect(core.Unwatch)
+    end.send()
+    assert end.expect(core.Script, "release").args[2] == P.abandon_event(f.token)
+
+
+def test_external_slow_subscription_starts_anyway_and_looks_again_once_live(c, clock):
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    run.send(1)
+    run.expect(core.Watch)
+    run.send("watch")
+    run.send(events(live=False))
+    run.expect(core.Sleep)
+    clock.now += 1.0  # lock TTL / 3
+    run.send(False)
+    run.send(events([(b"t/lock-event:k", b"garbage")], live=False))
+    run.expect(core.Start)
+    run.send()
+    run.expect(core.Take)
+    run.send(events(reread=True))
+    run.expect(core.Script, "acquire")  # the lookup once live ([W11])
+    run.send([1500, f.token])
+    run.expect(core.Take)
+
+
+def test_external_event_taken_before_start_is_acted_on_after_it(c, clock):
+    # The lock expired and the flight took it again, its subscription no
+    # longer live: an event of its first producer, taken while it waits to
+    # be live again, is acted on after start, as any other.
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    until_external_live(run, f)
+    run.send()
+    run.expect(core.Take)
+    run.send(events())
+    run.expect(core.Sleep)
+    clock.now += 4
+    run.send(False)
+    run.send(events(live=False))  # the connection was replaced
+    run.expect(core.Script, "acquire")
+    run.send(1)  # expired: taken again
+    run.expect(core.Take)
+    run.send(events([(b"t/lock-event:k", b"fail\n" + f.token + b"\nlate")], live=False))
+    run.expect(core.Sleep)
+    run.send(True)
+    run.send(events(reread=True))
+    run.expect(core.Start)
+    run.send()
+    run.expect(core.Take)
+    run.send(events())
+    assert run.expect(core.Script, "release").args[2:] == [b"", 0]
+    run.send(1)
+    with pytest.raises(memolock.HolderFailed, match="late"):
         run.result()
 
 
@@ -691,6 +824,20 @@ def test_external_mode_takeover_fails_without_starting(c):
     run.send(1)
     with pytest.raises(memolock.HolderFailed):
         run.result()
+
+
+def test_external_mode_takeover_is_live_already(c):
+    # A genuine takeover: the subscription it waited with was live at the
+    # marker round trip, so start runs at once, and no lookup follows it.
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    until_takeover(c, f, run)
+    run.send(events(reread=True))
+    run.expect(core.Start)
+    run.send()
+    run.expect(core.Take)
+    run.send(events())
+    run.expect(core.Sleep)
 
 
 def test_takeover_verdict_order():

@@ -356,6 +356,98 @@ def test_async_external_message_during_start_waits_for_the_release(server, rdb, 
     listener.close()
 
 
+#: A coarse bound on an answer that must come at once: far below the 30 s
+#: lock TTL that a lost event made the winner wait out.
+PROMPT = 5
+
+
+def _subscribed(rdb, channel):
+    """A PubSub on channel whose subscription has taken effect."""
+    listener = rdb.pubsub()
+    listener.subscribe(channel)
+    m = listener.get_message(timeout=WAIT)
+    assert m is not None and m["type"] == "subscribe", m
+    return listener
+
+
+def _check_done_during_start(rdb, listener, lock, what, res, seen):
+    token = seen["token"]
+    if what == "value":
+        assert res == b"fast"
+        assert seen["lingers"]  # released with the linger ([E2])
+        assert _events_of(listener, token) == []
+    else:
+        assert isinstance(res, memolock.HolderFailed) and res.message == "producer failed at once", res
+        assert rdb.get(lock) is None  # deleted ([E3])
+        assert _events_of(listener, token) == [P.fail_event(token, b"producer failed at once")]  # only the producer's
+
+
+@pytest.mark.parametrize("what", ["value", "fail"])
+def test_external_producer_done_during_start(rdb, tag, what):
+    # [E1]: the winner's producer finishes, or fails, before start has
+    # returned (here start itself publishes). The winner subscribed only
+    # after start, so a fail event was lost and it waited out its whole
+    # lock TTL (then started the work again); it is live before start now.
+    # (A value was found by the lookup made once live, even then.)
+    lock, notif, events = f"{tag}/lock:fs", f"{tag}/notif:fs", f"{tag}/lock-event:fs"
+    listener = _subscribed(rdb, events)
+    seen = {}
+    with memolock.Client(rdb, tag, lock_ttl=30) as c:
+        def start(lease):
+            token = seen["token"] = lease.token().encode()
+            if what == "value":
+                rdb.set(f"{tag}:fs", b"fast")
+                rdb.publish(notif, b"fast")
+            else:
+                rdb.publish(events, P.fail_event(token, b"producer failed at once"))
+            seen["returned"] = time.monotonic()
+
+        try:
+            res = c.get_external("fs", start, timeout=PROMPT)
+        except memolock.MemolockError as e:  # Timeout: the event was lost
+            res = e
+        if what == "value":
+            seen["lingers"] = _lingers(rdb, lock, seen["token"], seen["returned"])
+    _check_done_during_start(rdb, listener, lock, what, res, seen)
+    listener.close()
+
+
+@pytest.mark.parametrize("what", ["value", "fail"])
+def test_async_external_producer_done_during_start(server, rdb, tag, what):
+    # The asyncio client, as above.
+    lock, notif, events = f"{tag}/lock:fs", f"{tag}/notif:fs", f"{tag}/lock-event:fs"
+    listener = _subscribed(rdb, events)
+    seen = {}
+
+    async def main():
+        r = aredis.Redis(port=server.port)
+        c = memolock.AsyncClient(r, tag, lock_ttl=30)
+        try:
+            async def start(lease):
+                token = seen["token"] = lease.token().encode()
+                if what == "value":
+                    await r.set(f"{tag}:fs", b"fast")
+                    await r.publish(notif, b"fast")
+                else:
+                    await r.publish(events, P.fail_event(token, b"producer failed at once"))
+                seen["returned"] = time.monotonic()
+
+            try:
+                res = await c.get_external("fs", start, timeout=PROMPT)
+            except memolock.MemolockError as e:
+                res = e
+            if what == "value":
+                seen["lingers"] = _lingers(rdb, lock, seen["token"], seen["returned"])
+            return res
+        finally:
+            await c.close()
+            await r.close()
+
+    res = arun(main())
+    _check_done_during_start(rdb, listener, lock, what, res, seen)
+    listener.close()
+
+
 def test_async_close_during_start_hands_the_lock_over(server, rdb, tag):
     # [E4]: a winner that shuts down releases its lock with an abandon
     # event. close() cancels a coroutine start; that is a shutdown, not a
