@@ -151,13 +151,14 @@ func (p *pursuit) startExternal() (next, bool) {
 // subscription is live (PROTOCOL.md [E1]): the producer may publish its
 // value or its failure the moment it is started, and what is published
 // before a subscription takes effect is lost. A flight that waited before
-// it took the lock over is live already. The wait is bounded by a third of
-// the lock TTL: past it, the work starts anyway, and the wait after it
-// looks again once live. It reports decided, with the flight's answer,
-// when something ended the flight first: a value published meanwhile, a
-// refused subscription, Close. Nobody has the flight's token yet, so
-// events are not looked at. The lock is the flight's own: end releases
-// it, and value releases it for a value.
+// it took the lock over is usually live already. The wait is bounded by a
+// third of the lock TTL: past it, the work starts anyway, and the wait
+// after it looks again once live. It reports decided, with the flight's
+// answer, when something ended the flight first: a value published
+// meanwhile, a refused subscription, Close, or, for a flight that took its
+// own expired lock again, its earlier producer's late failure or "not
+// found". The lock is the flight's own: end releases it, and value and
+// onFail release it for a value and a failure.
 func (p *pursuit) goLive() (next, bool) {
 	if p.live && p.watch != nil {
 		return next{}, false
@@ -166,13 +167,18 @@ func (p *pursuit) goLive() (next, bool) {
 	notif := e.keys.Notif(f.key)
 	bound := time.NewTimer(e.cfg.LockTTL / 3)
 	defer bound.Stop()
+	var again <-chan time.Time // after a move: when to watch again
 	for {
-		if p.watch == nil {
+		if p.watch == nil && again == nil {
 			// No fast path: a value must release the lock first (see busy).
 			p.watch = e.subs.Watch(nil, notif, e.keys.Events(f.key))
 		}
+		var signal <-chan struct{}
+		if p.watch != nil {
+			signal = p.watch.Signal()
+		}
 		select {
-		case <-p.watch.Signal():
+		case <-signal:
 			ev := p.watch.Take()
 			switch {
 			case ev.Closed:
@@ -182,21 +188,32 @@ func (p *pursuit) goLive() (next, bool) {
 			}
 			for _, m := range ev.Messages {
 				if m.Channel == notif {
-					n := p.value([]byte(m.Payload))
-					p.served = ServedWaited // somebody else's value: no work was started
+					// Somebody's value: no work was started.
+					p.served = ServedWaited
+					e.stats.wakeups.Add(1)
+					e.releaseDone(f)
+					p.own = false
+					return next{val: []byte(m.Payload)}, true
+				}
+				if n, ok := p.ownLateEnd(m.Payload); ok {
 					return n, true
 				}
 			}
 			if ev.Moved {
-				// The slot moved: watch where it is now.
+				// The slot moved: watch where it is now, once go-redis
+				// has had a moment to learn the new map (at once, the
+				// router would name the old node again).
 				p.unwatch()
 				p.movedAt = time.Now()
+				again = time.After(min(lookAfterMove, e.cfg.LockTTL/3))
 				continue
 			}
 			if ev.Reread {
 				p.live = true
 				return next{}, false
 			}
+		case <-again:
+			again = nil
 		case <-bound.C:
 			return next{}, false
 		case <-f.ctx.Done():
@@ -205,6 +222,22 @@ func (p *pursuit) goLive() (next, bool) {
 			return p.onFinished(), true
 		}
 	}
+}
+
+// ownLateEnd acts on an event that reached a flight before it calls start
+// again under its own token, after its lock expired: its earlier producer's
+// late failure or "not found" ends the flight ([E1]). Nobody else has the
+// token; other events are not the flight's business before start.
+func (p *pursuit) ownLateEnd(payload string) (next, bool) {
+	if p.holder != p.f.token {
+		return next{}, false // a first start: nobody has the token yet
+	}
+	switch kind, token, _ := wire.ParseEvent(payload); {
+	case token != p.f.token:
+	case kind == wire.EventFail, kind == wire.EventNotFound:
+		return p.onEvent(payload)
+	}
+	return next{}, false
 }
 
 // lookupFailed ends a flight whose lookup failed.

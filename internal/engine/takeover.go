@@ -86,6 +86,15 @@ func (p *pursuit) onTakeoverEvents(ev pubsub.Events) (n next, decided, synced bo
 			return next{err: e.notFoundErr(f.id)}, true, false
 		}
 	}
+	if ev.Moved || ev.Err != nil {
+		// The watch hears nothing any more (the router dropped it, or Redis
+		// refused it): drop it, so that a flight that needs one (external
+		// mode, goLive) watches again instead of trusting it.
+		if ev.Moved {
+			p.movedAt = time.Now()
+		}
+		p.unwatch()
+	}
 	// A replaced connection (Reread) or a moved slot may have lost the
 	// holder's news: nothing to honour, as before this rule.
 	return next{}, false, ev.Synced || ev.Reread || ev.Moved || ev.Err != nil
