@@ -215,6 +215,11 @@ func TestGetExternal_EarlierProducersLateFailureEndsTheRetake(t *testing.T) {
 					raw.Publish(bg(), tag+"/lock-event:a", "fail\n"+token.Load().(string)+"\ngave up late")
 				}
 			}))
+			events := raw.Subscribe(bg(), tag+"/lock-event:a")
+			defer events.Close()
+			if _, err := events.Receive(bg()); err != nil {
+				t.Fatal(err)
+			}
 			ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 			defer cancel()
 			_, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
@@ -224,6 +229,20 @@ func TestGetExternal_EarlierProducersLateFailureEndsTheRetake(t *testing.T) {
 			})
 			if !errors.Is(err, ErrHolderFailed) || !strings.Contains(err.Error(), "gave up late") {
 				t.Fatalf("GetExternal = %v, want the earlier producer's failure", err)
+			}
+			// The producer's event is out: the lock goes without another
+			// (PROTOCOL.md [E3]). Everything the flight published came
+			// before its answer, so before this end marker.
+			raw.Publish(bg(), tag+"/lock-event:a", "end of test")
+			var seen []string
+			for m := range events.Channel() {
+				if m.Payload == "end of test" {
+					break
+				}
+				seen = append(seen, m.Payload)
+			}
+			if len(seen) != 1 {
+				t.Errorf("events %q, want the producer's failure alone", seen)
 			}
 			if !published.Load() {
 				t.Fatal("the lookup after the lock expired was never sent")

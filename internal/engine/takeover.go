@@ -76,12 +76,21 @@ func (p *pursuit) onTakeoverEvents(ev pubsub.Events) (n next, decided, synced bo
 		if token != p.holder {
 			continue
 		}
+		own := token == f.token // external mode: its earlier producer's, late ([E1])
 		switch kind {
 		case wire.EventFail:
-			e.release(f, wire.FailText(f.token, text))
+			if own {
+				p.own = true // onFail deletes it: the event is out ([E3])
+			} else {
+				e.release(f, wire.FailText(f.token, text))
+			}
 			return p.onFail(text), true, false
 		case wire.EventNotFound:
-			e.release(f, wire.NotFoundEvent(f.token))
+			event := wire.NotFoundEvent(f.token)
+			if own {
+				event = "" // the producer's event is out
+			}
+			p.release(event)
 			p.served = ServedWaited
 			return next{err: e.notFoundErr(f.id)}, true, false
 		}
