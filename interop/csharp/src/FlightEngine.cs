@@ -166,7 +166,10 @@ namespace MemoLockNet
                 else if (r.Kind == ReplyKind.Locked)
                 {
                     // External mode: we took the lock. Start the work, unless
-                    // the holder we waited on ended first, or nobody wants it.
+                    // the holder we waited on ended first (the flight itself,
+                    // when it took its own expired lock again: its earlier
+                    // producer's late fail or notfound ends it, [E1]), or
+                    // nobody wants it.
                     Next ended;
                     if (w.HolderEndedFirst(out ended)) return ended;
                     if (Flights.Retire(f)) { w.Own = true; return Next.Fail(new AbandonedException()); }

@@ -90,11 +90,17 @@ namespace MemoLockNet
         /// the same news under our token, for waiters that already saw us as
         /// the holder. Otherwise (an abandon, nothing, a broken connection, or
         /// no answer within lockTTL/3) it is a genuine takeover: false.
+        /// External mode, [E1]: the holder may be the flight itself, whose own
+        /// lock expired while its producer worked. The same round trip then
+        /// brings in that producer's late news under our token: a fail or
+        /// notfound ends the flight as [E3] or [W4] say (OwnProducerEnded),
+        /// a value as [E2] says, and start is not called again.
         /// </summary>
         public bool HolderEndedFirst(out Next n)
         {
             n = default(Next);
-            if (!waited || holder == null || holder == f.Token || !liveAtLookup) return false;
+            if (!waited || holder == null || !liveAtLookup) return false;
+            bool self = holder == f.Token;
             if (!c.Sub.RoundTrip(w)) return false;
             var handles = new WaitHandle[] { w.Signal, f.Cancel.Token.WaitHandle };
             var sw = Stopwatch.StartNew();
@@ -107,6 +113,8 @@ namespace MemoLockNet
                 {
                     if (m.Key == notif)
                     {
+                        // Our own producer's value: the lock goes with its linger ([E2]).
+                        if (self) { n = Value(m.Value); return true; }
                         // A holder that published without storing: the value is the value.
                         c.Release(f, Tokens.AbandonEvent(f.Token), 0);
                         n = Next.Value(m.Value);
@@ -115,6 +123,11 @@ namespace MemoLockNet
                     string kind, token, text;
                     Tokens.ParseEvent(m.Value, out kind, out token, out text);
                     if (token != holder) continue;
+                    if (self)
+                    {
+                        if (OwnProducerEnded(kind, text, out n)) return true;
+                        continue; // abandon, stale, unknown: start again
+                    }
                     if (kind == Tokens.EventFail)
                     {
                         c.Release(f, Tokens.FailEvent(f.Token, Tokens.EventMessage(m.Value)), 0);
@@ -156,6 +169,9 @@ namespace MemoLockNet
         /// flight: true, with n, and start is not called (End releases the
         /// lock with an abandon event). Bounded by lock TTL/3: past it, false,
         /// start runs anyway, and the wait looks again once live ([W11]).
+        /// A flight that took its own expired lock again also acts on a fail
+        /// or notfound under its own token taken here (its earlier producer's,
+        /// late): true, start is not called again (OwnProducerEnded).
         /// What arrives once live is left for the wait after start.
         /// </summary>
         public bool EndedBeforeStart(out Next n)
@@ -175,8 +191,18 @@ namespace MemoLockNet
                 bool live = c.Sub.IsLive(w);
                 var ev = c.Sub.Take(w);
                 foreach (var m in ev.Messages)
+                {
                     if (m.Key == notif) { n = Value(m.Value); return true; }
-                // Events before start concern earlier holders only (the
+                    // A flight that took its own expired lock again hears its
+                    // earlier producer's late fail or notfound here too, if
+                    // the takeover check did not (not live at the lookup, or
+                    // it came after the marker): start must not run again.
+                    if (holder != f.Token) continue;
+                    string kind, token, text;
+                    Tokens.ParseEvent(m.Value, out kind, out token, out text);
+                    if (token == f.Token && OwnProducerEnded(kind, text, out n)) return true;
+                }
+                // Other events before start concern earlier holders only (the
                 // takeover check had those of the holder waited on).
                 if (ev.Closed) { n = Next.Fail(new MemoLockClosedException()); return true; }
                 if (ev.Err != null)
@@ -192,6 +218,24 @@ namespace MemoLockNet
                 if (left <= 0) return false;
                 WaitHandle.WaitAny(handles, (int)Math.Min(left, int.MaxValue));
             }
+        }
+
+        /// <summary>
+        /// External mode, [E1]: event kind (with text) under the flight's own
+        /// token, heard after the flight took its own expired lock again and
+        /// before it calls start again: the earlier producer's late answer.
+        /// A fail ends the flight with the producer's message and a notfound
+        /// with "not found"; either way the lock just taken goes (release, no
+        /// event, no linger: [E3], [L4]): true, with n. Other kinds: false.
+        /// </summary>
+        bool OwnProducerEnded(string kind, string text, out Next n)
+        {
+            n = default(Next);
+            if (kind == Tokens.EventFail) n = Next.Fail(new HolderFailedException(text));
+            else if (kind == Tokens.EventNotFound) n = Next.Fail(FlightEngine.NotFoundFor(f));
+            else return false;
+            Release(new byte[0]);
+            return true;
         }
 
         // On the subscriber thread: hands a published value to the callers at

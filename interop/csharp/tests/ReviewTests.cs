@@ -820,6 +820,180 @@ namespace MemoLockTests
             }
         }
 
+        /// <summary>What ExternalRetakeHearing saw.</summary>
+        sealed class RetakeRun
+        {
+            public Exception Err;
+            public byte[] Val;
+            public int Starts;
+            public string Token, Lock, Published, EventAfter;
+            public TimeSpan Took;
+        }
+
+        /// <summary>
+        /// [E1]: GetExternal with a 1 s lock TTL, whose start does nothing the
+        /// first time (and publishes a value the next time, so that a flight
+        /// that starts again still ends). The lock expires while the producer
+        /// "works", and the flight's own lookup takes it again under the same
+        /// token. Just before that lookup, once the lock is gone, the first
+        /// producer answers late: kind under the flight's token is published,
+        /// and held back at the subscriber until that lookup has answered, so
+        /// that it reaches the flight during the re-take, before start would
+        /// run again. Also returns the lock afterwards and the next event
+        /// after the published one on the events channel (null: none).
+        /// </summary>
+        static RetakeRun ExternalRetakeHearing(string id, string kind)
+        {
+            using (var srv = new RedisServer())
+            using (var rdb = new SpyTransport(srv.Url()))
+            using (var c = new MemoLock(rdb, "t", TimeSpan.FromSeconds(1)))
+            {
+                var run = new RetakeRun();
+                string token = null;
+                int published = 0, heldUntil = int.MaxValue;
+                rdb.BeforeLookup = n =>
+                {
+                    if (Volatile.Read(ref token) == null || published != 0) return;
+                    if ((long)srv.Call("EXISTS", "t/lock:" + id) != 0) return; // still held: this lookup finds it ours
+                    published = 1;
+                    Volatile.Write(ref heldUntil, n);
+                    srv.Call("PUBLISH", "t/lock-event:" + id, kind + "\n" + token + "\n" + (kind == "fail" ? "producer broke late" : ""));
+                };
+                rdb.HoldMessagesUntil = () => Volatile.Read(ref rdb.Lookups) >= Volatile.Read(ref heldUntil);
+                var listener = RespConnection.Open(srv.Url(), 5000);
+                try
+                {
+                    listener.Call("SUBSCRIBE", "t/lock-event:" + id);
+                    var sw = Stopwatch.StartNew();
+                    try
+                    {
+                        run.Val = c.GetExternal(id, l =>
+                        {
+                            if (Interlocked.Increment(ref run.Starts) == 1) { Volatile.Write(ref token, l.Token); return; }
+                            srv.Call("SET", "t:" + id, "second");
+                            srv.Call("PUBLISH", "t/notif:" + id, "second");
+                        }, TimeSpan.FromSeconds(10));
+                    }
+                    catch (Exception e) { run.Err = e; }
+                    run.Took = sw.Elapsed;
+                    run.Token = token;
+                    run.Lock = S((byte[])srv.Call("GET", "t/lock:" + id));
+                    run.Published = NextMessage(listener, 2000);
+                    run.EventAfter = NextMessage(listener, 300);
+                    return run;
+                }
+                finally { listener.Dispose(); }
+            }
+        }
+
+        /// <summary>
+        /// [E1], [E3]: the flight's lock expired while its producer worked,
+        /// and the flight takes it again; the first producer's fail under
+        /// the flight's token reaches it right then (the takeover check's
+        /// round trip brings it in). The flight fails with the producer's
+        /// message, start is not called a second time, and the lock goes
+        /// with no event. C# ignored the event (the check skipped a holder
+        /// that is the flight itself) and called start again.
+        /// </summary>
+        [Test]
+        static void External_LateFailOfOwnProducerAtTheRetakeStartsNothingAgain()
+        {
+            var run = ExternalRetakeHearing("lf", "fail");
+            Assert.True(run.Token != null, "start ran");
+            Assert.Equal(1, run.Starts, "start called once, not again after the lock expired");
+            Assert.True(run.Err is HolderFailedException, "the producer's failure: " + run.Err);
+            Assert.Equal("producer broke late", ((HolderFailedException)run.Err).HolderMessage, "message");
+            Assert.Equal("fail\n" + run.Token + "\nproducer broke late", run.Published, "the late event");
+            Assert.Equal(null, run.Lock, "lock deleted");
+            Assert.Equal(null, run.EventAfter, "released with no event");
+            Assert.True(run.Took < TimeSpan.FromSeconds(6), "promptly: " + run.Took);
+        }
+
+        /// <summary>[E1], [W4]: as above, with the first producer's notfound: "not found", one start, the lock deleted with no event.</summary>
+        [Test]
+        static void External_LateNotFoundOfOwnProducerAtTheRetakeStartsNothingAgain()
+        {
+            var run = ExternalRetakeHearing("ln", "notfound");
+            Assert.True(run.Token != null, "start ran");
+            Assert.Equal(1, run.Starts, "start called once, not again after the lock expired");
+            Assert.True(run.Err is NotFoundException, "not found: " + run.Err);
+            Assert.Equal("notfound\n" + run.Token + "\n", run.Published, "the late event");
+            Assert.Equal(null, run.Lock, "lock deleted");
+            Assert.Equal(null, run.EventAfter, "released with no event");
+            Assert.True(run.Took < TimeSpan.FromSeconds(6), "promptly: " + run.Took);
+        }
+
+        /// <summary>
+        /// [E1]: only fail and notfound end the flight at the re-take; an
+        /// abandon under its own token (or any other kind) does not: start
+        /// runs again, and its value is the answer.
+        /// </summary>
+        [Test]
+        static void External_LateAbandonOfOwnTokenAtTheRetakeStartsAgain()
+        {
+            var run = ExternalRetakeHearing("la", "abandon");
+            Assert.True(run.Err == null, "no error: " + run.Err);
+            Assert.Equal("second", S(run.Val), "the second start's value");
+            Assert.Equal(2, run.Starts, "started again");
+            Assert.Equal("abandon\n" + run.Token + "\n", run.Published, "the late event");
+            Assert.True(run.Lock == null || run.Lock.StartsWith("done:", StringComparison.Ordinal), "lock released with its linger: " + run.Lock);
+        }
+
+        /// <summary>
+        /// [E1]: the flight's pub/sub connection was replaced while its
+        /// producer worked, so it is not live when it takes its own expired
+        /// lock again (no takeover check) and waits to be live before start.
+        /// The first producer's fail under the flight's token comes during
+        /// that wait (after the new SUBSCRIBE took effect, before its
+        /// marker): the flight fails with it, start is not called again, and
+        /// the lock goes with no event. C# dropped the event there.
+        /// </summary>
+        [Test]
+        static void External_LateFailOfOwnProducerWhileGoingLiveStartsNothingAgain()
+        {
+            using (var srv = new RedisServer())
+            using (var rdb = new SpyTransport(srv.Url()))
+            using (var c = new MemoLock(rdb, "t", TimeSpan.FromSeconds(3)))
+            {
+                var sub = typeof(MemoLock).GetField("Sub", System.Reflection.BindingFlags.NonPublic | System.Reflection.BindingFlags.Instance).GetValue(c);
+                string token = null;
+                int starts = 0, armed = 0;
+                rdb.BeforePing = () =>
+                {
+                    if (Interlocked.Exchange(ref armed, 0) != 1) return;
+                    // The new connection's marker waits until the flight has
+                    // taken its expired lock again, not live.
+                    Assert.Eventually(() => Volatile.Read(ref rdb.Lookups) >= 2, 20, "the lookup that takes the lock again");
+                    // (The listener is on the events channel too; the old connection
+                    // closed seconds ago.)
+                    Assert.Eventually(() => NumSub(srv, "t/notif:gl") == 1, 20, "the new SUBSCRIBE took effect");
+                    srv.Call("PUBLISH", "t/lock-event:gl", "fail\n" + token + "\nproducer broke late");
+                };
+                var listener = RespConnection.Open(srv.Url(), 5000);
+                try
+                {
+                    listener.Call("SUBSCRIBE", "t/lock-event:gl");
+                    var sw = Stopwatch.StartNew();
+                    var e = Assert.Throws<HolderFailedException>(() => c.GetExternal("gl", l =>
+                    {
+                        if (Interlocked.Increment(ref starts) != 1) return;
+                        token = l.Token;
+                        Volatile.Write(ref armed, 1);
+                        sub.GetType().GetMethod("Break").Invoke(sub, null);
+                    }, TimeSpan.FromSeconds(12)), "the producer's failure");
+                    Assert.Equal(1, starts, "start called once, not again after the lock expired");
+                    Assert.Equal("producer broke late", e.HolderMessage, "message");
+                    Assert.True(sw.Elapsed < TimeSpan.FromSeconds(9), "promptly: " + sw.Elapsed);
+                    Assert.Equal(2, Volatile.Read(ref rdb.Lookups), "two lookups: the first take and the re-take");
+                    Assert.True(c.Reconnects >= 1, "the connection was replaced: " + c.Reconnects);
+                    Assert.Equal(null, srv.Call("GET", "t/lock:gl"), "lock deleted");
+                    Assert.Equal("fail\n" + token + "\nproducer broke late", NextMessage(listener, 2000), "the late event");
+                    Assert.Equal(null, NextMessage(listener, 300), "released with no event");
+                }
+                finally { listener.Dispose(); }
+            }
+        }
+
         /// <summary>
         /// A reply that does not match, in order, what was sent (a client
         /// library that resubscribed by itself would show one) replaces the
