@@ -144,7 +144,7 @@ class Outcome:
 class WaitState:
     """What a flight knows of the lock it waits on."""
 
-    __slots__ = ("watch", "holder", "deadline", "own", "maybe_locked", "live", "pending")
+    __slots__ = ("watch", "holder", "deadline", "own", "maybe_locked", "live", "pending", "late")
 
     def __init__(self):
         self.watch = None
@@ -156,6 +156,11 @@ class WaitState:
         # Messages taken before the external start function ran, for the
         # wait after it (live_before_start).
         self.pending = []
+        # External mode: a fail or notfound event under the flight's own
+        # token that it received and has not acted on, ("fail", text) or
+        # ("notfound", b""): its earlier producer's, late (note_late). It
+        # is acted on before start is called again (act_on_late, [E1]).
+        self.late = None
 
 
 class Flight:
@@ -198,6 +203,20 @@ def timeout_error(timeout):
 
 def not_found_error(f):
     return NotFound(f"memolock: not found: id {P.quote(f.id)}")
+
+
+def own_verdict(messages, token):
+    """The first fail or notfound event under token among messages:
+    ("fail", text), ("notfound", b"") or None."""
+    for _ch, payload in messages:
+        kind, tok, text = P.parse_event(payload)
+        if tok != token:
+            continue
+        if kind == P.EVENT_FAIL:
+            return "fail", text
+        if kind == P.EVENT_NOTFOUND:
+            return "notfound", b""
+    return None
 
 
 def takeover_verdict(messages, notif, holder):
@@ -363,6 +382,9 @@ class Core:
                 w.own = True  # until start: an early exit hands it over in end()
                 if self._retire(f):
                     raise Abandoned("memolock: flight abandoned")
+                # Our lock taken again after it expired: our earlier
+                # producer's failure, heard meanwhile, ends the flight ([E1]).
+                yield from self.act_on_late(f)
                 answered, got = yield from self.live_before_start(f)
                 if answered:
                     return got
@@ -438,6 +460,10 @@ class Core:
             ev = yield Take(w.watch)
             self._taken(f, ev)
             messages, w.pending = w.pending + ev.messages, []
+            # An event of our earlier producer that this wait does not act
+            # on (we wait on another holder, or look again first) waits for
+            # the lock to be ours again.
+            self.note_late(f, messages)
             for ch, payload in messages:
                 if ch == notif:
                     return (yield from self.got_value(f, payload))
@@ -493,6 +519,7 @@ class Core:
             yield Sleep(min(left, P.MAX_SLEEP))
         # What arrived is true even if the connection broke: only the
         # absence of an event is unknown then, and computing is the answer.
+        self.note_late(f, messages)  # acted on before start ([E1])
         verdict = takeover_verdict(messages, self.keys.notif(f.key), w.holder)
         w.own = False
         if verdict is None:
@@ -607,8 +634,11 @@ class Core:
         (False, None): call start. A refused subscription, close or every
         caller leaving raise (end() releases the lock with abandon). Past a
         third of the lock TTL it gives up waiting: the wait after start
-        looks again once live ([W11]). Events taken here are kept for that
-        wait, which acts on them as on anything else."""
+        looks again once live ([W11]). A fail or notfound event under the
+        flight's own token (its earlier producer's, when it took its own
+        expired lock again) ends the flight here, start not called
+        (act_on_late, [E1]). Other events taken here are kept for the wait
+        after start, which acts on them as on anything else."""
         w = f.wait
         if w.watch is not None and w.live:
             return False, None
@@ -624,6 +654,8 @@ class Core:
                     w.pending = []
                     return True, (yield from self.got_value(f, payload))
                 w.pending.append((ch, payload))
+                self.note_late(f, [(ch, payload)])
+                yield from self.act_on_late(f)
             if ev.live:
                 # Its marker is back (the reread, taken here, needs no
                 # lookup: the lock is ours and nobody else publishes yet).
@@ -632,6 +664,34 @@ class Core:
             if left <= 0:
                 return False, None
             yield Sleep(min(left, P.MAX_SLEEP))
+
+    def note_late(self, f, messages):
+        """External mode: keeps the first fail or notfound event under the
+        flight's own token among messages, unless one is kept already. Only
+        its own producer publishes under its token while it runs: an event
+        that the flight does not act on where it reads it comes from a
+        producer it started before its lock expired."""
+        w = f.wait
+        if f.start is not None and w.late is None:
+            w.late = own_verdict(messages, f.token)
+
+    def act_on_late(self, f):
+        """External mode, the lock ours (w.own) and start not called yet: a
+        kept event of the flight's earlier producer (note_late) ends the
+        flight, and start is not called again ([E1]). A fail deletes the
+        lock with no event and raises HolderFailed with its message ([E3]);
+        a notfound ends it as in the wait ([W4]). Nothing kept: returns."""
+        w = f.wait
+        if w.late is None:
+            return
+        kind, text = w.late
+        w.pending = []
+        if kind == "fail":
+            w.own = False
+            yield from self.release(f, b"")
+            raise HolderFailed(text)
+        yield from self.got_value(f, None)
+        raise not_found_error(f)
 
     def start_external(self, f):
         if not self._begin_hold(f):

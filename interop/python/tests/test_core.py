@@ -566,35 +566,148 @@ def test_external_slow_subscription_starts_anyway_and_looks_again_once_live(c, c
     run.expect(core.Take)
 
 
-def test_external_event_taken_before_start_is_acted_on_after_it(c, clock):
-    # The lock expired and the flight took it again, its subscription no
-    # longer live: an event of its first producer, taken while it waits to
-    # be live again, is acted on after start, as any other.
-    f = flight(c, start=lambda lease: None)
-    run = Run(c.pursue(f))
+def own_lock_expired(run, f, clock):
+    """Steps a fresh external flight through its start and the wait on its
+    own lock until that lock expired: the next op is the lookup that finds
+    it gone."""
     until_external_live(run, f)
-    run.send()
+    run.send()  # start returned
     run.expect(core.Take)
     run.send(events())
     run.expect(core.Sleep)
-    clock.now += 4
+    clock.now += 4  # past the lock TTL: nobody renews an external lock
     run.send(False)
+    run.expect(core.Take)
+
+
+def late(kind, f, text=b"late"):
+    """An event of the flight's earlier producer, under its own token."""
+    return (b"t/lock-event:k", b"fail\n" + f.token + b"\n" + text if kind == "fail" else b"notfound\n" + f.token + b"\n")
+
+
+def ends_as_its_producer_said(run, f, c, kind):
+    """The flight ends on its earlier producer's late event without calling
+    start again ([E1]): fail deletes the lock with no event ([E3]), notfound
+    ends it as in the wait ([W4])."""
+    op = run.expect(core.Script, "release")
+    assert op.args == [f.token, b"t/lock-event:k", b"", 0 if kind == "fail" else P.LINGER_MS]
+    run.send(1)
+    if kind == "fail":
+        with pytest.raises(memolock.HolderFailed) as ei:
+            run.result()
+        assert ei.value.message == "late"
+    else:
+        with pytest.raises(memolock.NotFound):
+            run.result()
+    assert c.callbacks == 1  # the first start's alone (a driver ends it): no Start since
+    assert not f.wait.own
+    end = Run(c.end(f))
+    end.expect(core.Unwatch)
+    end.send()
+    assert end.done  # and no second release
+
+
+@pytest.mark.parametrize("kind", ["fail", "notfound"])
+def test_external_late_event_taken_while_waiting_to_be_live_starts_nothing_again(c, clock, kind):
+    # The lock expired and the flight took it again, its subscription no
+    # longer live: its first producer's event, taken while it waits to be
+    # live again, ends the flight before start is called again ([E1]).
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    own_lock_expired(run, f, clock)
     run.send(events(live=False))  # the connection was replaced
     run.expect(core.Script, "acquire")
     run.send(1)  # expired: taken again
     run.expect(core.Take)
-    run.send(events([(b"t/lock-event:k", b"fail\n" + f.token + b"\nlate")], live=False))
+    run.send(events([late(kind, f)], live=False))
+    ends_as_its_producer_said(run, f, c, kind)
+
+
+@pytest.mark.parametrize("kind", ["fail", "notfound"])
+def test_external_late_event_in_the_takeover_check_starts_nothing_again(c, clock, kind):
+    # The flight's own lock expired and another holder took it; the flight
+    # waited on that holder and took the lock over. Its first producer's
+    # event arrives during the takeover check ([X4]): not the holder's, so
+    # no verdict of the check, but it ends the flight before start.
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    own_lock_expired(run, f, clock)
+    run.send(events())
+    run.expect(core.Script, "acquire")
+    run.send([2000, HOLDER])
+    run.expect(core.OnWait)
+    run.send()
+    run.expect(core.Take)
+    run.send(events(reread=True))
+    run.expect(core.Script, "acquire")
+    run.send(1)
+    run.expect(core.Mark)
+    run.send()
+    run.expect(core.Take)
+    run.send(events([late(kind, f)], reread=True))
+    ends_as_its_producer_said(run, f, c, kind)
+    assert f.took_over_from == HOLDER  # no relay: the flight's own producer failed ([E3])
+
+
+@pytest.mark.parametrize("kind", ["fail", "notfound"])
+def test_external_late_event_heard_earlier_starts_nothing_again(c, clock, kind):
+    # Heard while the flight waited on another holder (ignored there,
+    # [W6]), its first producer's event is acted on once the lock is the
+    # flight's again, before it subscribes anew or calls start.
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    own_lock_expired(run, f, clock)
+    run.send(events())
+    run.expect(core.Script, "acquire")
+    run.send([2000, HOLDER])
+    run.expect(core.OnWait)
+    run.send()
+    run.expect(core.Take)
+    run.send(events([late(kind, f)]))
+    run.expect(core.Sleep)  # not the holder's: the wait goes on
+    run.send(True)
+    run.send(events([(b"t/lock-event:k", b"abandon\n" + HOLDER + b"\n")], live=False))
+    run.expect(core.Script, "acquire")
+    run.send(1)  # no takeover check (not live), no wait to be live
+    ends_as_its_producer_said(run, f, c, kind)
+
+
+@pytest.mark.parametrize("payload", [
+    lambda f: b"abandon\n" + f.token + b"\n",
+    lambda f: b"stale\n" + f.token + b"\n",
+    lambda f: b"fail\n" + OTHER + b"\nsomebody else's",
+    lambda f: b"notfound\n" + OTHER + b"\n",
+])
+def test_external_other_events_taken_before_start_are_acted_on_after_it(c, clock, payload):
+    # Only a fail or notfound under the flight's own token ends it before
+    # start: anything else taken while it waits to be live again is kept
+    # for the wait after start, as before.
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    own_lock_expired(run, f, clock)
+    run.send(events(live=False))
+    run.expect(core.Script, "acquire")
+    run.send(1)
+    run.expect(core.Take)
+    run.send(events([(b"t/lock-event:k", payload(f))], live=False))
     run.expect(core.Sleep)
     run.send(True)
     run.send(events(reread=True))
-    run.expect(core.Start)
+    run.expect(core.Start)  # started again
     run.send()
     run.expect(core.Take)
     run.send(events())
-    assert run.expect(core.Script, "release").args[2:] == [b"", 0]
-    run.send(1)
-    with pytest.raises(memolock.HolderFailed, match="late"):
-        run.result()
+    if payload(f).startswith(b"abandon") or payload(f).startswith(b"stale"):
+        run.expect(core.Script, "acquire")  # the kept event: look again ([W5])
+    else:
+        run.expect(core.Sleep)  # another token's: ignored ([W6])
+
+
+def test_fetch_mode_ignores_events_under_its_own_token(c):
+    # Nobody publishes under a fetching flight's token: nothing is kept.
+    f = flight(c)
+    c.note_late(f, [late("fail", f)])
+    assert f.wait.late is None
 
 
 # --- the registry ----------------------------------------------------------
@@ -848,3 +961,13 @@ def test_takeover_verdict_order():
                                  notif, HOLDER) == ("fail", b"x")
     assert core.takeover_verdict([(notif, b"v"), (ev, b"fail\n" + HOLDER + b"\nx")], notif, HOLDER) == ("value", b"v")
     assert core.takeover_verdict([(ev, b"garbage")], notif, HOLDER) is None
+
+
+def test_own_verdict():
+    ev = b"t/lock-event:k"
+    own = b"ownownownownownownownownownownow@here:1"
+    assert core.own_verdict([], own) is None
+    assert core.own_verdict([(ev, b"abandon\n" + own + b"\n"), (ev, b"fail\n" + OTHER + b"\nx")], own) is None
+    assert core.own_verdict([(ev, b"stale\n" + own + b"\n"), (ev, b"notfound\n" + own + b"\n"),
+                             (ev, b"fail\n" + own + b"\nx")], own) == ("notfound", b"")
+    assert core.own_verdict([(ev, b"fail\n" + own + b"\nx")], own) == ("fail", b"x")
