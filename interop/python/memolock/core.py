@@ -367,9 +367,13 @@ class Core:
                 r = P.Reply(P.BUSY, pttl=r.pttl, holder=f.token)
             elif r.kind == P.LOCKED:
                 pttl = r.pttl
-                if w.holder is not None and w.holder != f.token and w.live:
+                retake = w.holder == f.token and f.start is not None and w.late is None
+                if w.holder is not None and w.live and (w.holder != f.token or retake):
                     # We waited on another holder with a live subscription:
-                    # it may have released in this instant (PROTOCOL.md, takeover rule).
+                    # it may have released in this instant (PROTOCOL.md, takeover
+                    # rule). Or, external mode, we took our own expired lock
+                    # again: our earlier producer's failure may be on its way
+                    # ([X4]; one already heard is acted on below).
                     compute, got = yield from self.takeover(f, r.pttl)
                     if not compute:
                         return got
@@ -497,8 +501,15 @@ class Core:
         rule). Returns (True, ms left on the lock) to compute, or (False,
         the value H published); raises H's failure or NotFound. A lock we do
         not compute under is released with an event that makes those who
-        already wait on us end as H's waiters do."""
+        already wait on us end as H's waiters do.
+
+        External mode, H our own token (we took our own expired lock again,
+        [X4]): the same round trip looks for our earlier producer's late
+        answer. Its value is the answer ([E2]: released with the linger);
+        its fail or notfound ends the flight as [E1] says (act_on_late: fail
+        deletes the lock with no event); start is not called again."""
         w = f.wait
+        own = w.holder == f.token
         held_ms = pttl if pttl >= 0 else self.lock_ttl_ms
         started = self.clock()
         bound = min(self.lock_ttl / 3, held_ms / 2000)  # the first renewal is due then
@@ -521,10 +532,17 @@ class Core:
         # absence of an event is unknown then, and computing is the answer.
         self.note_late(f, messages)  # acted on before start ([E1])
         verdict = takeover_verdict(messages, self.keys.notif(f.key), w.holder)
-        w.own = False
         if verdict is None:
+            w.own = False
             return True, max(round(held_ms - (self.clock() - started) * 1000), 0)
         kind, payload = verdict
+        if own:
+            # The lock stays ours (w.own) for got_value or act_on_late.
+            if kind == "value":
+                return False, (yield from self.got_value(f, payload))
+            yield from self.act_on_late(f)  # the event that note_late kept: it raises
+            raise AssertionError("act_on_late returned with an event kept")
+        w.own = False
         if kind == "value":
             yield from self.release(f, P.abandon_event(f.token))
             return False, payload

@@ -672,6 +672,68 @@ def test_external_late_event_heard_earlier_starts_nothing_again(c, clock, kind):
     ends_as_its_producer_said(run, f, c, kind)
 
 
+def own_retake_check(run, f, clock):
+    """Steps an external flight whose own lock expired, its subscription
+    live, to the takeover check of its re-take ([X4]): the lookup takes the
+    lock again and a marker round trip starts (next op: its first Take)."""
+    own_lock_expired(run, f, clock)
+    run.send(events())  # live, nothing: the timer has run out
+    run.expect(core.Script, "acquire")
+    run.send(1)  # expired: taken again
+    assert run.expect(core.Mark).watch == "watch"  # before start, not Start
+    assert f.wait.own  # an early exit hands the lock over
+    run.send()
+    run.expect(core.Take)
+
+
+@pytest.mark.parametrize("kind", ["fail", "notfound"])
+def test_external_own_retake_makes_the_takeover_check(c, clock, kind):
+    # The flight took its own expired lock again with a live subscription:
+    # its first producer's fail or notfound, published just before that
+    # lookup and read before the marker's reply, ends the flight; start is
+    # not called again ([X4], [E1]).
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    own_retake_check(run, f, clock)
+    run.send(events([late(kind, f)]))  # the marker's reply not back yet
+    assert run.expect(core.Sleep).seconds == pytest.approx(1.0)  # bounded by lock TTL / 3
+    run.send(True)
+    run.expect(core.Take)
+    run.send(events(reread=True))
+    ends_as_its_producer_said(run, f, c, kind)
+    assert f.took_over_from is None  # its own lock: nobody to relay to ([X5])
+
+
+def test_external_own_retake_value_in_the_takeover_check_is_the_answer(c, clock):
+    # Its first producer's value, read in the check, is the answer: the lock
+    # goes with an empty event and the linger ([E2]).
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    own_retake_check(run, f, clock)
+    run.send(events([(b"t/notif:k", b"v"), late("fail", f)], reread=True))
+    assert run.expect(core.Script, "release").args == [f.token, b"t/lock-event:k", b"", P.LINGER_MS]
+    run.send(1)
+    assert run.result() == b"v"
+    assert c.callbacks == 1 and not f.wait.own
+
+
+@pytest.mark.parametrize("payload", [
+    lambda f: b"abandon\n" + f.token + b"\n",
+    lambda f: b"fail\n" + OTHER + b"\nsomebody else's",
+    lambda f: None,
+])
+def test_external_own_retake_with_nothing_from_its_producer_starts_again(c, clock, payload):
+    # The check finds no answer of its first producer (an abandon under its
+    # own token, another token's event, nothing): start again, as before.
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    own_retake_check(run, f, clock)
+    p = payload(f)
+    run.send(events([(b"t/lock-event:k", p)] if p else [], reread=True))
+    assert run.expect(core.Start).flight is f  # live already: no wait to be live
+    assert c.callbacks == 2
+
+
 @pytest.mark.parametrize("payload", [
     lambda f: b"abandon\n" + f.token + b"\n",
     lambda f: b"stale\n" + f.token + b"\n",

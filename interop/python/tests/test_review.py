@@ -483,3 +483,87 @@ def test_async_close_during_start_hands_the_lock_over(server, rdb, tag):
     assert rdb.get(lock) is None
     assert _events_of(listener, token) == [P.abandon_event(token)]
     listener.close()
+
+
+def _check_late_fail_at_the_retake(rdb, listener, lock, res, seen):
+    token = seen["token"]
+    assert isinstance(res, memolock.HolderFailed) and res.message == "producer failed late", res
+    assert seen["starts"] == 1  # not started again ([X4], [E1])
+    assert seen["answered"] - seen["published"] < PROMPT
+    assert rdb.get(lock) is None  # deleted ([E3])
+    assert _events_of(listener, token) == [P.fail_event(token, b"producer failed late")]  # only the producer's
+
+
+def test_external_late_fail_before_the_own_retake_starts_nothing_again(rdb, tag):
+    # [X4] as amended: the winner's lock (1 s, nobody renews it) expires
+    # before its producer answers; its producer's fail comes just before
+    # the winner's lookup takes the lock again, and is still on the pub/sub
+    # connection when the reply comes. The marker round trip of the
+    # takeover check reads it: the flight fails with the producer's
+    # message and does not call start again. Without the check, start ran
+    # a second time (and the fail was read only in the wait after it).
+    lock, events = f"{tag}/lock:fl", f"{tag}/lock-event:fl"
+    listener = _subscribed(rdb, events)
+    seen = {"starts": 0}
+    with memolock.Client(rdb, tag, lock_ttl=1) as c:
+        orig = c._scripts["acquire"]
+
+        def acquire(keys, args):
+            # The re-take's lookup: the producer's late fail goes out first.
+            if seen["starts"] and "published" not in seen and not rdb.exists(lock):
+                rdb.publish(events, P.fail_event(seen["token"], b"producer failed late"))
+                seen["published"] = time.monotonic()
+            return orig(keys=keys, args=args)
+
+        c._scripts["acquire"] = acquire
+
+        def start(lease):  # the producer does nothing yet
+            seen["token"] = lease.token().encode()
+            seen["starts"] += 1
+
+        try:
+            res = c.get_external("fl", start, timeout=WAIT)
+        except memolock.MemolockError as e:
+            res = e
+        seen["answered"] = time.monotonic()
+    _check_late_fail_at_the_retake(rdb, listener, lock, res, seen)
+    listener.close()
+
+
+def test_async_external_late_fail_before_the_own_retake_starts_nothing_again(server, rdb, tag):
+    # The asyncio client, as above.
+    lock, events = f"{tag}/lock:fl", f"{tag}/lock-event:fl"
+    listener = _subscribed(rdb, events)
+    seen = {"starts": 0}
+
+    async def main():
+        r = aredis.Redis(port=server.port)
+        c = memolock.AsyncClient(r, tag, lock_ttl=1)
+        orig = c._scripts["acquire"]
+
+        async def acquire(keys, args):
+            if seen["starts"] and "published" not in seen and not await r.exists(lock):
+                await r.publish(events, P.fail_event(seen["token"], b"producer failed late"))
+                seen["published"] = time.monotonic()
+            return await orig(keys=keys, args=args)
+
+        c._scripts["acquire"] = acquire
+
+        async def start(lease):
+            seen["token"] = lease.token().encode()
+            seen["starts"] += 1
+
+        try:
+            try:
+                res = await c.get_external("fl", start, timeout=WAIT)
+            except memolock.MemolockError as e:
+                res = e
+            seen["answered"] = time.monotonic()
+            return res
+        finally:
+            await c.close()
+            await r.close()
+
+    res = arun(main())
+    _check_late_fail_at_the_retake(rdb, listener, lock, res, seen)
+    listener.close()
