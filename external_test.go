@@ -256,3 +256,53 @@ func TestGetExternal_EarlierProducersLateFailureEndsTheRetake(t *testing.T) {
 		})
 	}
 }
+
+// The same with the earlier producer's value, published just as the lock
+// expired: it is the answer, and the lock goes as for a value that came in
+// time ([E2]: no event), not with an abandon event that would send every
+// waiter to Redis.
+func TestGetExternal_EarlierProducersLateValueAnswersTheRetake(t *testing.T) {
+	b := realBackend(t)
+	raw := rawClient(t, b.addr)
+	c := newTestClient(t, b.addr, "latev", &Options{LockTTL: time.Second})
+	var starts atomic.Int64
+	var published atomic.Bool
+	c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
+		args := cmd.Args()
+		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 3 && args[3] == "latev:a" && starts.Load() == 1 && !published.Swap(true) {
+			// The lookup after the lock expired, sent after the value
+			// (published only: stored, the lookup would find it).
+			raw.Publish(bg(), "latev/notif:a", "late value")
+		}
+	}))
+	events := raw.Subscribe(bg(), "latev/lock-event:a")
+	defer events.Close()
+	if _, err := events.Receive(bg()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	v, err := c.GetExternal(ctx, "a", func(context.Context, *Lease) error {
+		starts.Add(1)
+		return nil
+	})
+	if err != nil || string(v) != "late value" {
+		t.Fatalf("GetExternal = %q, %v, want the earlier producer's value", v, err)
+	}
+	if !published.Load() {
+		t.Fatal("the lookup after the lock expired was never sent")
+	}
+	if n := starts.Load(); n != 1 {
+		t.Errorf("start ran %d times", n)
+	}
+	raw.Publish(bg(), "latev/lock-event:a", "end of test")
+	for m := range events.Channel() {
+		if m.Payload == "end of test" {
+			break
+		}
+		t.Errorf("event %q, want none for a value", m.Payload)
+	}
+	if raw.Exists(bg(), "latev/lock:a").Val() != 0 && !strings.HasPrefix(raw.Get(bg(), "latev/lock:a").Val(), "done:") {
+		t.Errorf("lock = %q after the value", raw.Get(bg(), "latev/lock:a").Val())
+	}
+}

@@ -66,8 +66,15 @@ func (p *pursuit) onTakeoverEvents(ev pubsub.Events) (n next, decided, synced bo
 	notif := e.keys.Notif(f.key)
 	for _, m := range ev.Messages {
 		if m.Channel == notif {
-			// The holder published its value without storing it.
-			p.release(wire.AbandonEvent(f.token))
+			if p.holder == f.token {
+				// External mode, its own lock taken again: its producer's
+				// value came after all ([E2]).
+				e.releaseDone(f)
+				p.own = false
+			} else {
+				// The holder published its value without storing it.
+				p.release(wire.AbandonEvent(f.token))
+			}
 			p.served = ServedWaited
 			e.stats.wakeups.Add(1)
 			return next{val: []byte(m.Payload)}, true, false
