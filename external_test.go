@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,7 +33,7 @@ type gatedConn struct {
 
 func (c *gatedConn) Write(b []byte) (int, error) {
 	c.g.mu.Lock()
-	if c.g.held && (len(c.pending) > 0 || bytes.Contains(bytes.ToLower(b), []byte("ping"))) {
+	if c.g.held && (len(c.pending) > 0 || pingCommand.Match(b)) {
 		c.pending = append(c.pending, bytes.Clone(b))
 		c.g.mu.Unlock()
 		return len(b), nil
@@ -40,6 +41,10 @@ func (c *gatedConn) Write(b []byte) (int, error) {
 	c.g.mu.Unlock()
 	return c.Conn.Write(b)
 }
+
+// pingCommand matches a PING command (not an argument that says "ping") in
+// what a connection writes: RESP, an array whose first bulk string is it.
+var pingCommand = regexp.MustCompile(`(?i)(^|\r\n)\*[0-9]+\r\n\$4\r\nping\r\n`)
 
 func (g *pingGate) open() {
 	g.mu.Lock()
@@ -195,24 +200,106 @@ func TestGetExternal_BeforeTheSubscriptionIsLive(t *testing.T) {
 func TestGetExternal_EarlierProducersLateFailureEndsTheRetake(t *testing.T) {
 	b := realBackend(t)
 	raw := rawClient(t, b.addr)
-	for _, live := range []bool{true, false} {
-		t.Run(fmt.Sprintf("live=%v", live), func(t *testing.T) {
-			tag := fmt.Sprint("late-", live)
-			opts := &Options{LockTTL: time.Second}
-			var c *testClient
-			if live {
-				c = newTestClient(t, b.addr, tag, opts)
-			} else {
-				c = pingGatedClient(t, b.addr, tag, opts)
-			}
-			var starts atomic.Int64
+	for _, kind := range []string{"fail", "notfound"} {
+		for _, live := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/live=%v", kind, live), func(t *testing.T) {
+				tag := fmt.Sprint("late-", kind, "-", live)
+				opts := &Options{LockTTL: time.Second}
+				var c *testClient
+				if live {
+					c = newTestClient(t, b.addr, tag, opts)
+				} else {
+					c = pingGatedClient(t, b.addr, tag, opts)
+				}
+				var starts atomic.Int64
+				var token atomic.Value
+				var published atomic.Bool
+				c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
+					args := cmd.Args()
+					if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 3 && args[3] == tag+":a" && starts.Load() == 1 && !published.Swap(true) {
+						// The lookup after the lock expired, sent after the
+						// producer's late word.
+						raw.Publish(bg(), tag+"/lock-event:a", kind+"\n"+token.Load().(string)+"\ngave up late")
+					}
+				}))
+				events := raw.Subscribe(bg(), tag+"/lock-event:a")
+				defer events.Close()
+				if _, err := events.Receive(bg()); err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+				defer cancel()
+				_, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
+					token.Store(l.Token())
+					starts.Add(1)
+					return nil
+				})
+				switch {
+				case kind == "fail" && (!errors.Is(err, ErrHolderFailed) || !strings.Contains(err.Error(), "gave up late")):
+					t.Fatalf("GetExternal = %v, want the earlier producer's failure", err)
+				case kind == "notfound" && !errors.Is(err, ErrNotFound):
+					t.Fatalf("GetExternal = %v, want the earlier producer's not found", err)
+				}
+				if !published.Load() {
+					t.Fatal("the lookup after the lock expired was never sent")
+				}
+				if n := starts.Load(); n != 1 {
+					t.Errorf("start ran %d times: the late word did not stop the second start", n)
+				}
+				// The producer's event is out: the lock goes without another
+				// (PROTOCOL.md [E3]), in the script that deletes it, so before
+				// this end marker.
+				eventually(t, 5*time.Second, "the lock to go", func() bool { return raw.Exists(bg(), tag+"/lock:a").Val() == 0 })
+				raw.Publish(bg(), tag+"/lock-event:a", "end of test")
+				if seen := eventsUntilEnd(events); len(seen) != 1 {
+					t.Errorf("events %q, want the producer's alone", seen)
+				}
+			})
+		}
+	}
+}
+
+// eventsUntilEnd reads events up to the test's "end of test" marker.
+func eventsUntilEnd(events *redis.PubSub) []string {
+	var seen []string
+	for m := range events.Channel() {
+		if m.Payload == "end of test" {
+			break
+		}
+		seen = append(seen, m.Payload)
+	}
+	return seen
+}
+
+// A winner whose lock expired while its producer worked, and which then
+// waits on another holder, keeps its producer's late failure or "not
+// found" heard meanwhile: once it takes the lock again, it acts on it
+// instead of starting the work a second time (PROTOCOL.md [E1]).
+func TestGetExternal_LateWordHeardWhileWaitingOnAnotherHolder(t *testing.T) {
+	b := realBackend(t)
+	raw := rawClient(t, b.addr)
+	for _, kind := range []string{"fail", "notfound"} {
+		t.Run(kind, func(t *testing.T) {
+			tag := "lateother-" + kind
 			var token atomic.Value
-			var published atomic.Bool
+			var starts atomic.Int64
+			var told atomic.Bool
+			c := newTestClient(t, b.addr, tag, &Options{LockTTL: time.Second, OnWait: func(_, holder string) {
+				if holder == "other" && !told.Swap(true) {
+					// The flight now waits on the other holder: its own
+					// producer answers, late.
+					raw.Publish(bg(), tag+"/lock-event:a", kind+"\n"+token.Load().(string)+"\ngave up late")
+				}
+			}})
+			var other atomic.Bool
 			c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
 				args := cmd.Args()
-				if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 3 && args[3] == tag+":a" && starts.Load() == 1 && !published.Swap(true) {
-					// The lookup after the lock expired, sent after the failure.
-					raw.Publish(bg(), tag+"/lock-event:a", "fail\n"+token.Load().(string)+"\ngave up late")
+				if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 3 && args[3] == tag+":a" && starts.Load() == 1 && !other.Load() {
+					// The winner's lock expired: another holder takes it
+					// just before the winner looks again.
+					if raw.SetNX(bg(), tag+"/lock:a", "other", time.Second).Val() {
+						other.Store(true)
+					}
 				}
 			}))
 			events := raw.Subscribe(bg(), tag+"/lock-event:a")
@@ -227,44 +314,96 @@ func TestGetExternal_EarlierProducersLateFailureEndsTheRetake(t *testing.T) {
 				starts.Add(1)
 				return nil
 			})
-			if !errors.Is(err, ErrHolderFailed) || !strings.Contains(err.Error(), "gave up late") {
-				t.Fatalf("GetExternal = %v, want the earlier producer's failure", err)
-			}
-			// The producer's event is out: the lock goes without another
-			// (PROTOCOL.md [E3]). Everything the flight published came
-			// before its answer, so before this end marker.
-			raw.Publish(bg(), tag+"/lock-event:a", "end of test")
-			var seen []string
-			for m := range events.Channel() {
-				if m.Payload == "end of test" {
-					break
-				}
-				seen = append(seen, m.Payload)
-			}
-			if len(seen) != 1 {
-				t.Errorf("events %q, want the producer's failure alone", seen)
-			}
-			if !published.Load() {
-				t.Fatal("the lookup after the lock expired was never sent")
+			if !told.Load() {
+				t.Fatal("the flight never waited on the other holder")
 			}
 			if n := starts.Load(); n != 1 {
-				t.Errorf("start ran %d times: the late failure did not stop the second start", n)
+				t.Errorf("start ran %d times: the late word did not stop the second start", n)
 			}
-			if raw.Exists(bg(), tag+"/lock:a").Val() != 0 {
-				t.Error("lock kept after the failure")
+			switch {
+			case kind == "fail" && (!errors.Is(err, ErrHolderFailed) || !strings.Contains(err.Error(), "gave up late")):
+				t.Fatalf("GetExternal = %v, want the earlier producer's failure", err)
+			case kind == "notfound" && !errors.Is(err, ErrNotFound):
+				t.Fatalf("GetExternal = %v, want the earlier producer's not found", err)
+			}
+			eventually(t, 5*time.Second, "the lock to go", func() bool { return raw.Exists(bg(), tag+"/lock:a").Val() == 0 })
+			raw.Publish(bg(), tag+"/lock-event:a", "end of test")
+			if seen := eventsUntilEnd(events); len(seen) != 1 {
+				t.Errorf("events %q, want the producer's alone", seen)
 			}
 		})
 	}
 }
 
-// The same with the earlier producer's value, published just as the lock
-// expired: it is the answer, and the lock goes as for a value that came in
-// time ([E2]: no event), not with an abandon event that would send every
-// waiter to Redis.
+// A producer's "not found" deletes the winner's lock with no other event,
+// as its failure does (PROTOCOL.md [E3]): not with an abandon that would
+// send waiters elsewhere to take the lock and start the work again.
+func TestGetExternal_ProducersNotFoundDeletesTheLockWithoutAnother(t *testing.T) {
+	b := realBackend(t)
+	raw := rawClient(t, b.addr)
+	c := newTestClient(t, b.addr, "pnf", &Options{LockTTL: 10 * time.Second})
+	events := raw.Subscribe(bg(), "pnf/lock-event:a")
+	defer events.Close()
+	if _, err := events.Receive(bg()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	_, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
+		// Live before start ([E1]): the winner hears it.
+		return raw.Publish(bg(), "pnf/lock-event:a", "notfound\n"+l.Token()+"\n").Err()
+	})
+	if !errors.Is(err, ErrNotFound) {
+		t.Fatalf("GetExternal = %v, want not found", err)
+	}
+	eventually(t, 5*time.Second, "the lock to go", func() bool { return raw.Exists(bg(), "pnf/lock:a").Val() == 0 })
+	raw.Publish(bg(), "pnf/lock-event:a", "end of test")
+	if seen := eventsUntilEnd(events); len(seen) != 1 || !strings.HasPrefix(seen[0], "notfound\n") {
+		t.Errorf("events %q, want the producer's \"not found\" alone", seen)
+	}
+}
+
+// A winner that takes its own expired lock again is no takeover: a second
+// start that fails publishes its failure once, and Stats.Takeovers stays 0.
+func TestGetExternal_OwnRetakeIsNoTakeover(t *testing.T) {
+	b := realBackend(t)
+	raw := rawClient(t, b.addr)
+	c := newTestClient(t, b.addr, "ownre", &Options{LockTTL: time.Second})
+	events := raw.Subscribe(bg(), "ownre/lock-event:a")
+	defer events.Close()
+	if _, err := events.Receive(bg()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	var starts atomic.Int64
+	_, err := c.GetExternal(ctx, "a", func(context.Context, *Lease) error {
+		if starts.Add(1) == 1 {
+			return nil // a producer that never answers
+		}
+		return errors.New("second start failed")
+	})
+	if err == nil || !strings.Contains(err.Error(), "second start failed") {
+		t.Fatalf("GetExternal = %v, want the second start's failure", err)
+	}
+	if n := starts.Load(); n != 2 {
+		t.Fatalf("start ran %d times, want 2", n)
+	}
+	eventually(t, 5*time.Second, "the lock to go", func() bool { return raw.Exists(bg(), "ownre/lock:a").Val() == 0 })
+	raw.Publish(bg(), "ownre/lock-event:a", "end of test")
+	if seen := eventsUntilEnd(events); len(seen) != 1 || !strings.HasPrefix(seen[0], "fail\n") {
+		t.Errorf("events %q, want the second start's failure once", seen)
+	}
+	if n := c.Stats().Takeovers; n != 0 {
+		t.Errorf("Stats.Takeovers = %d, want 0: the lock was the flight's own", n)
+	}
+}
+
 func TestGetExternal_EarlierProducersLateValueAnswersTheRetake(t *testing.T) {
 	b := realBackend(t)
 	raw := rawClient(t, b.addr)
-	c := newTestClient(t, b.addr, "latev", &Options{LockTTL: time.Second})
+	mp, reader := newReader(t)
+	c := newTestClient(t, b.addr, "latev", &Options{LockTTL: time.Second, MeterProvider: mp})
 	var starts atomic.Int64
 	var published atomic.Bool
 	c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
@@ -294,6 +433,11 @@ func TestGetExternal_EarlierProducersLateValueAnswersTheRetake(t *testing.T) {
 	}
 	if n := starts.Load(); n != 1 {
 		t.Errorf("start ran %d times", n)
+	}
+	// The value of the work this flight started: computed, as when it
+	// comes during the wait after start.
+	if n := sum(collect(t, reader, "latev"), "memolock.gets", attr("served", "computed")); n != 1 {
+		t.Errorf("gets served computed = %d, want 1", n)
 	}
 	raw.Publish(bg(), "latev/lock-event:a", "end of test")
 	for m := range events.Channel() {

@@ -31,6 +31,13 @@ type pursuit struct {
 	// slot changed hands): lookups come often for a while after.
 	movedAt time.Time
 	own     bool // the lock is the flight's own (external-producer mode)
+	// started is set once the flight called its start function: its token
+	// is out, and a producer may answer under it, late.
+	started bool
+	// late is its earlier producer's failure or "not found" event, heard
+	// while the flight waited on another holder: acted on if the flight
+	// takes the lock again, before it calls start again ([E1]).
+	late string
 
 	served Served // how the value came, for the flight's callers
 	// resurrected is set when the value looked up is a stale copy put
@@ -130,6 +137,12 @@ func (p *pursuit) compute(pttl time.Duration) ([]byte, error) {
 func (p *pursuit) startExternal() (next, bool) {
 	e, f := p.e, p.f
 	p.own = true // from here on, end releases it
+	if late := p.late; late != "" {
+		p.late = ""
+		if n, decided := p.ownLateEnd(late); decided {
+			return n, true
+		}
+	}
 	if e.flights.retire(f) {
 		return next{err: errAbandoned}, true
 	}
@@ -140,6 +153,7 @@ func (p *pursuit) startExternal() (next, bool) {
 		return next{err: errAbandoned}, true
 	}
 	p.takeover()
+	p.started = true
 	if err := e.startExternal(p); err != nil {
 		p.own = false // startExternal released it
 		return next{err: err}, true
@@ -168,6 +182,11 @@ func (p *pursuit) goLive() (next, bool) {
 	bound := time.NewTimer(e.cfg.LockTTL / 3)
 	defer bound.Stop()
 	var again <-chan time.Time // after a move: when to watch again
+	if since := time.Since(p.movedAt); p.watch == nil && since < lookAfterMove {
+		// The takeover check's watch moved a moment ago: the router
+		// would name the old node again.
+		again = time.After(lookAfterMove - since)
+	}
 	for {
 		if p.watch == nil && again == nil {
 			// No fast path: a value must release the lock first (see busy).
@@ -224,20 +243,44 @@ func (p *pursuit) goLive() (next, bool) {
 	}
 }
 
-// ownLateEnd acts on an event that reached a flight before it calls start
-// again under its own token, after its lock expired: its earlier producer's
-// late failure or "not found" ends the flight ([E1]). Nobody else has the
-// token; other events are not the flight's business before start.
+// ownLateEnd acts on an event that reached a flight holding its lock, before
+// it calls start again after its lock expired, or kept for then (late): its
+// earlier producer's late failure or "not found" ends the flight, and the
+// lock goes with no event, the producer's being out ([E1], [E3]). Before the
+// first start nobody has the token; other events are not the flight's
+// business before start.
 func (p *pursuit) ownLateEnd(payload string) (next, bool) {
-	if p.holder != p.f.token {
-		return next{}, false // a first start: nobody has the token yet
+	if !p.started {
+		return next{}, false
+	}
+	kind, token, text := wire.ParseEvent(payload)
+	if token != p.f.token {
+		return next{}, false
+	}
+	switch kind {
+	case wire.EventFail:
+		p.own = true // taken again: onFail deletes it
+		return p.onFail(text), true
+	case wire.EventNotFound:
+		p.release("")
+		p.served = ServedWaited
+		return next{err: p.e.notFoundErr(p.f.id)}, true
+	}
+	return next{}, false
+}
+
+// keepLate keeps, for ownLateEnd, the first failure or "not found" that the
+// flight's earlier producer published under the flight's token while the
+// flight waited on another holder.
+func (p *pursuit) keepLate(payload string) {
+	if !p.started || p.late != "" {
+		return
 	}
 	switch kind, token, _ := wire.ParseEvent(payload); {
 	case token != p.f.token:
 	case kind == wire.EventFail, kind == wire.EventNotFound:
-		return p.onEvent(payload)
+		p.late = payload
 	}
-	return next{}, false
 }
 
 // lookupFailed ends a flight whose lookup failed.

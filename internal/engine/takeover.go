@@ -71,33 +71,30 @@ func (p *pursuit) onTakeoverEvents(ev pubsub.Events) (n next, decided, synced bo
 				// value came after all ([E2]).
 				e.releaseDone(f)
 				p.own = false
+				p.served = ServedComputed // the work this flight started
 			} else {
+				p.served = ServedWaited
 				// The holder published its value without storing it.
 				p.release(wire.AbandonEvent(f.token))
 			}
-			p.served = ServedWaited
 			e.stats.wakeups.Add(1)
 			return next{val: []byte(m.Payload)}, true, false
+		}
+		if n, decided := p.ownLateEnd(m.Payload); decided {
+			// External mode, its own lock taken again: its earlier
+			// producer's late failure or "not found" ([E1]).
+			return n, true, false
 		}
 		kind, token, text := wire.ParseEvent(m.Payload)
 		if token != p.holder {
 			continue
 		}
-		own := token == f.token // external mode: its earlier producer's, late ([E1])
 		switch kind {
 		case wire.EventFail:
-			if own {
-				p.own = true // onFail deletes it: the event is out ([E3])
-			} else {
-				e.release(f, wire.FailText(f.token, text))
-			}
+			e.release(f, wire.FailText(f.token, text))
 			return p.onFail(text), true, false
 		case wire.EventNotFound:
-			event := wire.NotFoundEvent(f.token)
-			if own {
-				event = "" // the producer's event is out
-			}
-			p.release(event)
+			p.release(wire.NotFoundEvent(f.token))
 			p.served = ServedWaited
 			return next{err: e.notFoundErr(f.id)}, true, false
 		}

@@ -185,12 +185,18 @@ func (p *pursuit) onEvents(ev pubsub.Events) (next, bool) {
 func (p *pursuit) onEvent(payload string) (next, bool) {
 	kind, token, text := wire.ParseEvent(payload)
 	if token != p.holder {
+		p.keepLate(payload)  // its own earlier producer's, late ([E1])
 		return next{}, false // about an earlier holder
 	}
 	switch kind {
 	case wire.EventFail:
 		return p.onFail(text), true
 	case wire.EventNotFound:
+		if p.own {
+			// Our external producer found nothing: its event is out,
+			// the lock must go, with no other.
+			p.release("")
+		}
 		p.served = ServedWaited
 		return next{err: p.e.notFoundErr(p.f.id)}, true
 	}
@@ -263,6 +269,15 @@ func (p *pursuit) takeover() {
 		return
 	}
 	e := p.e
+	if p.holder == p.f.token {
+		// External mode: its own lock, taken again after its producer
+		// went silent. Nobody else's waiters to tell of a failure.
+		e.log.Info("memolock: an external producer went silent; starting the work again",
+			"tag", e.keys.Tag(), "id", p.f.id)
+		p.f.endClaim()
+		p.recordWait(gotNothing)
+		return
+	}
 	p.tookOverFrom = p.holder
 	e.stats.takeovers.Add(1)
 	e.log.Info("memolock: took over a lock whose holder went silent",
