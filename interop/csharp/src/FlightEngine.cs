@@ -184,6 +184,7 @@ namespace MemoLockNet
                     if (w.EndedBeforeStart(out ended)) return ended;
                     // [E4]: every caller may have left during that wait.
                     if (Flights.Retire(f)) return Next.Fail(new AbandonedException());
+                    w.Started(); // from here its producer may answer late ([E1])
                     var err = StartExternal(f);
                     if (err != null) { w.Own = false; return Next.Fail(err); }
                     r = new AcquireReply { Kind = ReplyKind.Busy, Pttl = LockTtlMs, Holder = f.Token };

@@ -19,6 +19,8 @@ namespace MemoLockNet
         bool waited;
         bool liveAtLookup;       // the watch was live when the latest lookup went out
         volatile bool own;       // the lock is the flight's own (external mode)
+        bool started;            // external mode: start was called, and its producer may answer late
+        string lateKind, lateText; // external mode: that producer's fail or notfound, kept ([E1]; KeepLate)
 
         /// <summary>A lookup failed after it may have taken the lock: End releases it.</summary>
         public bool MaybeLocked;
@@ -26,6 +28,9 @@ namespace MemoLockNet
         public Wait(FlightEngine c, Flight f) { this.c = c; this.f = f; }
 
         public bool Own { get { return own; } set { own = value; } }
+
+        /// <summary>External mode: the flight is about to call its start function.</summary>
+        public void Started() { started = true; }
 
         /// <summary>Waits on busy reply r until the value, an error, or a reason to look again.</summary>
         public Next WaitFor(AcquireReply r)
@@ -94,7 +99,9 @@ namespace MemoLockNet
         /// lock expired while its producer worked. The same round trip then
         /// brings in that producer's late news under our token: a fail or
         /// notfound ends the flight as [E3] or [W4] say (OwnProducerEnded),
-        /// a value as [E2] says, and start is not called again.
+        /// a value as [E2] says, and start is not called again. With another
+        /// holder, that producer's late fail or notfound heard here is kept
+        /// for EndedBeforeStart (KeepLate).
         /// </summary>
         public bool HolderEndedFirst(out Next n)
         {
@@ -122,7 +129,7 @@ namespace MemoLockNet
                     }
                     string kind, token, text;
                     Tokens.ParseEvent(m.Value, out kind, out token, out text);
-                    if (token != holder) continue;
+                    if (token != holder) { KeepLate(kind, token, text); continue; }
                     if (self)
                     {
                         if (OwnProducerEnded(kind, text, out n)) return true;
@@ -171,13 +178,15 @@ namespace MemoLockNet
         /// start runs anyway, and the wait looks again once live ([W11]).
         /// A flight that took its own expired lock again also acts on a fail
         /// or notfound under its own token taken here (its earlier producer's,
-        /// late): true, start is not called again (OwnProducerEnded).
+        /// late): true, start is not called again (OwnProducerEnded); so
+        /// does one kept earlier, while it waited on another holder
+        /// (KeepLate), or heard here while that holder is still the latest.
         /// What arrives once live is left for the wait after start.
         /// </summary>
         public bool EndedBeforeStart(out Next n)
         {
-            n = default(Next);
             own = true;
+            if (ActOnLate(out n)) return true;
             if (w == null) w = c.Sub.Add(OnValue, c.Keys.Notif(f.Key), c.Keys.Events(f.Key));
             var handles = new WaitHandle[] { w.Signal, f.Cancel.Token.WaitHandle };
             var sw = Stopwatch.StartNew();
@@ -197,9 +206,14 @@ namespace MemoLockNet
                     // earlier producer's late fail or notfound here too, if
                     // the takeover check did not (not live at the lookup, or
                     // it came after the marker): start must not run again.
-                    if (holder != f.Token) continue;
                     string kind, token, text;
                     Tokens.ParseEvent(m.Value, out kind, out token, out text);
+                    if (holder != f.Token)
+                    {
+                        KeepLate(kind, token, text);
+                        if (ActOnLate(out n)) return true;
+                        continue;
+                    }
                     if (token == f.Token && OwnProducerEnded(kind, text, out n)) return true;
                 }
                 // Other events before start concern earlier holders only (the
@@ -238,6 +252,30 @@ namespace MemoLockNet
             return true;
         }
 
+        /// <summary>
+        /// External mode, [E1]: an event that the flight does not act on where
+        /// it reads it, because its holder is another (its own lock expired
+        /// while its producer worked, and somebody else took it). A fail or
+        /// notfound under the flight's own token, once start was called, is
+        /// that producer's late answer: the first one is kept, and acted on
+        /// before start is called again (ActOnLate). A value that comes
+        /// meanwhile still ends the wait.
+        /// </summary>
+        void KeepLate(string kind, string token, string text)
+        {
+            if (!started || lateKind != null || token != f.Token) return;
+            if (kind != Tokens.EventFail && kind != Tokens.EventNotFound) return;
+            lateKind = kind;
+            lateText = text;
+        }
+
+        /// <summary>The lock is the flight's again, start not yet called: a kept late answer ends the flight as OwnProducerEnded says (true, with n).</summary>
+        bool ActOnLate(out Next n)
+        {
+            n = default(Next);
+            return lateKind != null && OwnProducerEnded(lateKind, lateText, out n);
+        }
+
         // On the subscriber thread: hands a published value to the callers at
         // once. With a lock of our own the flight releases it first.
         void OnValue(byte[] payload)
@@ -255,12 +293,23 @@ namespace MemoLockNet
                 return true;
             }
             string notif = Bytes.Latin1(c.Keys.Notif(f.Key));
+            // Waiting on another holder: our earlier producer's late answer
+            // is kept first, from the whole batch (a look-again below drops
+            // the rest of it).
+            if (holder != f.Token)
+                foreach (var m in ev.Messages)
+                {
+                    if (m.Key == notif) continue;
+                    string kind, token, text;
+                    Tokens.ParseEvent(m.Value, out kind, out token, out text);
+                    KeepLate(kind, token, text);
+                }
             foreach (var m in ev.Messages)
             {
                 if (m.Key == notif) { n = Value(m.Value); return true; }
                 string kind, token, text;
                 Tokens.ParseEvent(m.Value, out kind, out token, out text);
-                if (token != holder) continue; // about an earlier holder
+                if (token != holder) continue; // about an earlier holder (or, KeepLate, our earlier producer)
                 if (kind == Tokens.EventFail)
                 {
                     if (own) Release(new byte[0]); // our external producer failed: the lock must go

@@ -994,6 +994,168 @@ namespace MemoLockTests
             }
         }
 
+        /// <summary>What ExternalLateWhileWaitingOnAnother saw.</summary>
+        sealed class LateRun
+        {
+            public Exception Err;
+            public byte[] Val;
+            public int Starts, Lookups;
+            public string Token, Lock, Published, EventAfter;
+            public List<string> Holders = new List<string>();
+            public TimeSpan Took;
+        }
+
+        /// <summary>
+        /// [E1]: GetExternal with a 1 s lock TTL, whose start does nothing the
+        /// first time (and publishes a value the next time, so that a flight
+        /// that starts again still ends). The lock expires while the producer
+        /// "works"; just before the flight's next lookup another holder B
+        /// takes it (a lock of 1.5 s that nobody renews or releases), so the
+        /// flight waits on B. Then the first producer answers late: kind under
+        /// the flight's token, while the flight's holder is B. With
+        /// valueAfter, B then publishes a value. B's lock expires without a
+        /// word and the flight takes the lock again. With atRetake the late
+        /// answer comes only then: published just before the re-take's
+        /// lookup, and held back at the subscriber until that lookup has
+        /// answered, so that the takeover check's round trip brings it in.
+        /// Also returns the lock afterwards and the events on the events
+        /// channel after the late one (null: none).
+        /// </summary>
+        static LateRun ExternalLateWhileWaitingOnAnother(string id, string kind, bool valueAfter, bool atRetake = false)
+        {
+            using (var srv = new RedisServer())
+            using (var rdb = new SpyTransport(srv.Url()))
+            {
+                var run = new LateRun();
+                var c = new MemoLock(rdb, "t", TimeSpan.FromSeconds(1), onWait: (i, h) => { lock (run.Holders) run.Holders.Add(h); });
+                string token = null;
+                string late = kind + "\n{0}\n" + (kind == "fail" ? "boom" : "");
+                rdb.BeforeLookup = n =>
+                {
+                    if (n != 2 && !(n == 3 && atRetake)) return;
+                    // The lock expired (the flight's timer is its PTTL + 1 ms
+                    // or more): B takes it before the flight's lookup, or,
+                    // at the re-take, the late answer comes.
+                    Assert.Eventually(() => (long)srv.Call("EXISTS", "t/lock:" + id) == 0, 20, "the lock expired");
+                    if (n == 2) srv.Call("SET", "t/lock:" + id, "b-holder", "PX", "1500");
+                    else srv.Call("PUBLISH", "t/lock-event:" + id, string.Format(late, Volatile.Read(ref token)));
+                };
+                if (atRetake) rdb.HoldMessagesUntil = () => Volatile.Read(ref rdb.Lookups) >= 3;
+                var listener = RespConnection.Open(srv.Url(), 5000);
+                try
+                {
+                    listener.Call("SUBSCRIBE", "t/lock-event:" + id);
+                    var sw = Stopwatch.StartNew();
+                    var call = System.Threading.Tasks.Task.Run(() => c.GetExternal(id, l =>
+                    {
+                        if (Interlocked.Increment(ref run.Starts) == 1) { Volatile.Write(ref token, l.Token); return; }
+                        srv.Call("SET", "t:" + id, "second");
+                        srv.Call("PUBLISH", "t/notif:" + id, "second");
+                    }, TimeSpan.FromSeconds(15)));
+                    // The second lookup answered: the flight waits on B.
+                    Assert.Eventually(() => Volatile.Read(ref rdb.Lookups) >= 2, 20, "the lookup that finds B");
+                    Assert.Equal("b-holder", S((byte[])srv.Call("GET", "t/lock:" + id)), "B holds the lock");
+                    int before = Volatile.Read(ref rdb.Messages);
+                    if (!atRetake) srv.Call("PUBLISH", "t/lock-event:" + id, string.Format(late, Volatile.Read(ref token)));
+                    if (valueAfter)
+                    {
+                        Assert.Eventually(() => Volatile.Read(ref rdb.Messages) > before, 20, "the late event reached the subscriber");
+                        srv.Call("SET", "t:" + id, "from B");
+                        srv.Call("PUBLISH", "t/notif:" + id, "from B");
+                    }
+                    try { run.Val = call.Result; }
+                    catch (AggregateException e) { run.Err = e.InnerException; }
+                    run.Took = sw.Elapsed;
+                    run.Token = token;
+                    run.Lookups = Volatile.Read(ref rdb.Lookups);
+                    run.Lock = S((byte[])srv.Call("GET", "t/lock:" + id));
+                    run.Published = NextMessage(listener, 2000);
+                    run.EventAfter = NextMessage(listener, 300);
+                    return run;
+                }
+                finally { c.Close(); listener.Dispose(); }
+            }
+        }
+
+        /// <summary>
+        /// [E1], [E3]: the flight's lock expired while its producer worked,
+        /// another holder B took it, and the flight waits on B when the first
+        /// producer's fail under the flight's token comes, late. B's lock
+        /// expires without a word and the flight takes the lock again: it
+        /// fails with the producer's message, start is not called a second
+        /// time, and the lock goes with no event. C# dropped the event (not
+        /// B's token: about an earlier holder) and called start again.
+        /// </summary>
+        [Test]
+        static void External_LateFailOfOwnProducerWhileWaitingOnAnotherHolderStartsNothingAgain()
+        {
+            var run = ExternalLateWhileWaitingOnAnother("wf", "fail", false);
+            Assert.True(run.Token != null, "start ran");
+            Assert.True(run.Holders.Contains("b-holder"), "the flight waited on B: " + string.Join(", ", run.Holders));
+            Assert.Equal(1, run.Starts, "start called once, not again after the re-take");
+            Assert.True(run.Err is HolderFailedException, "the producer's failure: " + run.Err);
+            Assert.Equal("boom", ((HolderFailedException)run.Err).HolderMessage, "message");
+            Assert.Equal(3, run.Lookups, "three lookups: the first take, the one that finds B, the re-take");
+            Assert.Equal("fail\n" + run.Token + "\nboom", run.Published, "the late event");
+            Assert.Equal(null, run.Lock, "lock deleted");
+            Assert.Equal(null, run.EventAfter, "released with no event");
+            Assert.True(run.Took < TimeSpan.FromSeconds(8), "promptly: " + run.Took);
+        }
+
+        /// <summary>[E1], [W4]: as above, with the first producer's notfound: "not found", one start, the lock deleted with no event.</summary>
+        [Test]
+        static void External_LateNotFoundOfOwnProducerWhileWaitingOnAnotherHolderStartsNothingAgain()
+        {
+            var run = ExternalLateWhileWaitingOnAnother("wn", "notfound", false);
+            Assert.True(run.Token != null, "start ran");
+            Assert.True(run.Holders.Contains("b-holder"), "the flight waited on B: " + string.Join(", ", run.Holders));
+            Assert.Equal(1, run.Starts, "start called once, not again after the re-take");
+            Assert.True(run.Err is NotFoundException, "not found: " + run.Err);
+            Assert.Equal(3, run.Lookups, "three lookups: the first take, the one that finds B, the re-take");
+            Assert.Equal("notfound\n" + run.Token + "\n", run.Published, "the late event");
+            Assert.Equal(null, run.Lock, "lock deleted");
+            Assert.Equal(null, run.EventAfter, "released with no event");
+            Assert.True(run.Took < TimeSpan.FromSeconds(8), "promptly: " + run.Took);
+        }
+
+        /// <summary>
+        /// [E1], [X4]: as above, but the first producer's fail comes at the
+        /// re-take: the takeover check's round trip (holder B) brings it in.
+        /// The check, which looks for B's news, dropped it, and start ran
+        /// again.
+        /// </summary>
+        [Test]
+        static void External_LateFailOfOwnProducerAtTheRetakeFromAnotherHolderStartsNothingAgain()
+        {
+            var run = ExternalLateWhileWaitingOnAnother("wr", "fail", false, atRetake: true);
+            Assert.True(run.Token != null, "start ran");
+            Assert.True(run.Holders.Contains("b-holder"), "the flight waited on B: " + string.Join(", ", run.Holders));
+            Assert.Equal(1, run.Starts, "start called once, not again after the re-take");
+            Assert.True(run.Err is HolderFailedException, "the producer's failure: " + run.Err);
+            Assert.Equal("boom", ((HolderFailedException)run.Err).HolderMessage, "message");
+            Assert.Equal(3, run.Lookups, "three lookups: the first take, the one that finds B, the re-take");
+            Assert.Equal("fail\n" + run.Token + "\nboom", run.Published, "the late event");
+            Assert.Equal(null, run.Lock, "lock deleted");
+            Assert.Equal(null, run.EventAfter, "released with no event");
+            Assert.True(run.Took < TimeSpan.FromSeconds(8), "promptly: " + run.Took);
+        }
+
+        /// <summary>
+        /// [E1]: the late fail kept while the flight waits on B ends nothing
+        /// by itself: a value that comes meanwhile is the answer, at once.
+        /// </summary>
+        [Test]
+        static void External_ValueAfterALateFailWhileWaitingOnAnotherHolderIsTheAnswer()
+        {
+            var run = ExternalLateWhileWaitingOnAnother("wv", "fail", true);
+            Assert.True(run.Err == null, "no error: " + run.Err);
+            Assert.Equal("from B", S(run.Val), "B's value");
+            Assert.Equal(1, run.Starts, "start called once");
+            Assert.Equal(2, run.Lookups, "no lookup after the value");
+            Assert.Equal("fail\n" + run.Token + "\nboom", run.Published, "the late event");
+            Assert.True(run.Lock == "b-holder" || run.Lock == null, "B's lock untouched (or expired): " + run.Lock);
+        }
+
         /// <summary>
         /// A reply that does not match, in order, what was sent (a client
         /// library that resubscribed by itself would show one) replaces the
