@@ -208,15 +208,7 @@ def not_found_error(f):
 def own_verdict(messages, token):
     """The first fail or notfound event under token among messages:
     ("fail", text), ("notfound", b"") or None."""
-    for _ch, payload in messages:
-        kind, tok, text = P.parse_event(payload)
-        if tok != token:
-            continue
-        if kind == P.EVENT_FAIL:
-            return "fail", text
-        if kind == P.EVENT_NOTFOUND:
-            return "notfound", b""
-    return None
+    return takeover_verdict(messages, None, token)
 
 
 def takeover_verdict(messages, notif, holder):
@@ -224,9 +216,10 @@ def takeover_verdict(messages, notif, holder):
     order: the first value on notif ("value", payload), fail event of holder
     ("fail", text) or notfound event of holder ("notfound", b""); None when
     nothing says that the holder finished (abandon, stale, unknown kinds,
-    other tokens, nothing): a genuine takeover."""
+    other tokens, nothing): a genuine takeover. A notif of None looks at
+    events alone."""
     for ch, payload in messages:
-        if ch == notif:
+        if notif is not None and ch == notif:
             return "value", payload
         kind, token, text = P.parse_event(payload)
         if token != holder:
