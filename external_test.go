@@ -402,51 +402,158 @@ func TestGetExternal_OwnRetakeIsNoTakeover(t *testing.T) {
 func TestGetExternal_EarlierProducersLateValueAnswersTheRetake(t *testing.T) {
 	b := realBackend(t)
 	raw := rawClient(t, b.addr)
-	mp, reader := newReader(t)
-	c := newTestClient(t, b.addr, "latev", &Options{LockTTL: time.Second, MeterProvider: mp})
+	for _, live := range []bool{true, false} {
+		t.Run(fmt.Sprintf("live=%v", live), func(t *testing.T) {
+			// Live, the takeover check reads the value; not live, the
+			// wait to be live before start does.
+			tag := fmt.Sprint("latev-", live)
+			mp, reader := newReader(t)
+			opts := &Options{LockTTL: time.Second, MeterProvider: mp}
+			var c *testClient
+			if live {
+				c = newTestClient(t, b.addr, tag, opts)
+			} else {
+				c = pingGatedClient(t, b.addr, tag, opts)
+			}
+			var starts atomic.Int64
+			var published atomic.Bool
+			c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
+				args := cmd.Args()
+				if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 3 && args[3] == tag+":a" && starts.Load() == 1 && !published.Swap(true) {
+					// The lookup after the lock expired, sent after the value
+					// (published only: stored, the lookup would find it).
+					raw.Publish(bg(), tag+"/notif:a", "late value")
+				}
+			}))
+			events := raw.Subscribe(bg(), tag+"/lock-event:a")
+			defer events.Close()
+			if _, err := events.Receive(bg()); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+			defer cancel()
+			v, err := c.GetExternal(ctx, "a", func(context.Context, *Lease) error {
+				starts.Add(1)
+				return nil
+			})
+			if err != nil || string(v) != "late value" {
+				t.Fatalf("GetExternal = %q, %v, want the earlier producer's value", v, err)
+			}
+			if !published.Load() {
+				t.Fatal("the lookup after the lock expired was never sent")
+			}
+			if n := starts.Load(); n != 1 {
+				t.Errorf("start ran %d times", n)
+			}
+			// The value of the work this flight started: computed, as when
+			// it comes during the wait after start.
+			if n := sum(collect(t, reader, tag), "memolock.gets", attr("served", "computed")); n != 1 {
+				t.Errorf("gets served computed = %d, want 1", n)
+			}
+			raw.Publish(bg(), tag+"/lock-event:a", "end of test")
+			for _, e := range eventsUntilEnd(events) {
+				t.Errorf("event %q, want none for a value", e)
+			}
+			if raw.Exists(bg(), tag+"/lock:a").Val() != 0 && !strings.HasPrefix(raw.Get(bg(), tag+"/lock:a").Val(), "done:") {
+				t.Errorf("lock = %q after the value", raw.Get(bg(), tag+"/lock:a").Val())
+			}
+		})
+	}
+}
+
+// A late failure of the flight's earlier producer that comes in one batch
+// after the other holder's abandon is kept all the same: the abandon sends
+// the flight to look again, and the failure ends it once it holds the lock
+// ([E1]), instead of a second start.
+func TestGetExternal_LateWordInOneBatchAfterTheHoldersAbandon(t *testing.T) {
+	b := realBackend(t)
+	raw := rawClient(t, b.addr)
+	tag := "latebatch"
+	var token atomic.Value
 	var starts atomic.Int64
-	var published atomic.Bool
+	var told atomic.Bool
+	c := newTestClient(t, b.addr, tag, &Options{LockTTL: time.Second, OnWait: func(_, holder string) {
+		if holder == "other" && !told.Swap(true) {
+			// On the flight's goroutine, before it reads its subscription:
+			// both events reach it together.
+			raw.Del(bg(), tag+"/lock:a")
+			raw.Publish(bg(), tag+"/lock-event:a", "abandon\nother\n")
+			raw.Publish(bg(), tag+"/lock-event:a", "fail\n"+token.Load().(string)+"\ngave up late")
+			time.Sleep(200 * time.Millisecond)
+		}
+	}})
+	var other atomic.Bool
 	c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
 		args := cmd.Args()
-		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 3 && args[3] == "latev:a" && starts.Load() == 1 && !published.Swap(true) {
-			// The lookup after the lock expired, sent after the value
-			// (published only: stored, the lookup would find it).
-			raw.Publish(bg(), "latev/notif:a", "late value")
+		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 3 && args[3] == tag+":a" && starts.Load() == 1 && !other.Load() {
+			if raw.SetNX(bg(), tag+"/lock:a", "other", time.Second).Val() {
+				other.Store(true)
+			}
 		}
 	}))
-	events := raw.Subscribe(bg(), "latev/lock-event:a")
-	defer events.Close()
-	if _, err := events.Receive(bg()); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 	defer cancel()
-	v, err := c.GetExternal(ctx, "a", func(context.Context, *Lease) error {
+	_, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
+		token.Store(l.Token())
+		if starts.Add(1) > 1 {
+			return errors.New("started again")
+		}
+		return nil
+	})
+	if !told.Load() {
+		t.Fatal("the flight never waited on the other holder")
+	}
+	if n := starts.Load(); n != 1 {
+		t.Errorf("start ran %d times: the late failure, in one batch after the holder's abandon, was lost", n)
+	}
+	if !errors.Is(err, ErrHolderFailed) || !strings.Contains(err.Error(), "gave up late") {
+		t.Errorf("GetExternal = %v, want the earlier producer's failure", err)
+	}
+}
+
+// In the takeover check after waiting on another holder, that holder's
+// word decides before the flight's earlier producer's late failure: a
+// value it published without storing is the answer (as in every peer).
+func TestGetExternal_TakeoverCheckHoldersValueBeforeALateFailure(t *testing.T) {
+	b := realBackend(t)
+	raw := rawClient(t, b.addr)
+	tag := "latetv"
+	var token atomic.Value
+	var starts atomic.Int64
+	var other, published atomic.Bool
+	c := newTestClient(t, b.addr, tag, &Options{LockTTL: time.Second})
+	c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
+		args := cmd.Args()
+		if !((cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 3 && args[3] == tag+":a" && starts.Load() == 1) {
+			return
+		}
+		switch {
+		case !other.Load():
+			if raw.SetNX(bg(), tag+"/lock:a", "other", time.Second).Val() {
+				other.Store(true)
+			}
+		case !published.Swap(true):
+			// The other holder published a value without storing it and
+			// let its lock go; the earlier producer's failure came first.
+			raw.Del(bg(), tag+"/lock:a")
+			raw.Publish(bg(), tag+"/lock-event:a", "fail\n"+token.Load().(string)+"\ngave up late")
+			raw.Publish(bg(), tag+"/notif:a", "the other's value")
+		}
+	}))
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	v, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
+		token.Store(l.Token())
 		starts.Add(1)
 		return nil
 	})
-	if err != nil || string(v) != "late value" {
-		t.Fatalf("GetExternal = %q, %v, want the earlier producer's value", v, err)
-	}
 	if !published.Load() {
-		t.Fatal("the lookup after the lock expired was never sent")
+		t.Fatal("the flight never took the lock over from the other holder")
+	}
+	if err != nil || string(v) != "the other's value" {
+		t.Errorf("GetExternal = %q, %v, want the other holder's value", v, err)
 	}
 	if n := starts.Load(); n != 1 {
 		t.Errorf("start ran %d times", n)
-	}
-	// The value of the work this flight started: computed, as when it
-	// comes during the wait after start.
-	if n := sum(collect(t, reader, "latev"), "memolock.gets", attr("served", "computed")); n != 1 {
-		t.Errorf("gets served computed = %d, want 1", n)
-	}
-	raw.Publish(bg(), "latev/lock-event:a", "end of test")
-	for m := range events.Channel() {
-		if m.Payload == "end of test" {
-			break
-		}
-		t.Errorf("event %q, want none for a value", m.Payload)
-	}
-	if raw.Exists(bg(), "latev/lock:a").Val() != 0 && !strings.HasPrefix(raw.Get(bg(), "latev/lock:a").Val(), "done:") {
-		t.Errorf("lock = %q after the value", raw.Get(bg(), "latev/lock:a").Val())
 	}
 }

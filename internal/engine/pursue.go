@@ -185,7 +185,7 @@ func (p *pursuit) goLive() (next, bool) {
 	if since := time.Since(p.movedAt); p.watch == nil && since < lookAfterMove {
 		// The takeover check's watch moved a moment ago: the router
 		// would name the old node again.
-		again = time.After(lookAfterMove - since)
+		again = time.After(min(lookAfterMove-since, e.cfg.LockTTL/3))
 	}
 	for {
 		if p.watch == nil && again == nil {
@@ -207,8 +207,12 @@ func (p *pursuit) goLive() (next, bool) {
 			}
 			for _, m := range ev.Messages {
 				if m.Channel == notif {
-					// Somebody's value: no work was started.
+					// A value: no work was started this time. After a
+					// start, most likely that work's, as in the wait.
 					p.served = ServedWaited
+					if p.started {
+						p.served = ServedComputed
+					}
 					e.stats.wakeups.Add(1)
 					e.releaseDone(f)
 					p.own = false
@@ -263,7 +267,7 @@ func (p *pursuit) ownLateEnd(payload string) (next, bool) {
 		return p.onFail(text), true
 	case wire.EventNotFound:
 		p.release("")
-		p.served = ServedWaited
+		p.served = ServedComputed // the answer of the work it started
 		return next{err: p.e.notFoundErr(p.f.id)}, true
 	}
 	return next{}, false

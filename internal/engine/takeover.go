@@ -80,20 +80,31 @@ func (p *pursuit) onTakeoverEvents(ev pubsub.Events) (n next, decided, synced bo
 			e.stats.wakeups.Add(1)
 			return next{val: []byte(m.Payload)}, true, false
 		}
-		if n, decided := p.ownLateEnd(m.Payload); decided {
-			// External mode, its own lock taken again: its earlier
-			// producer's late failure or "not found" ([E1]).
-			return n, true, false
-		}
 		kind, token, text := wire.ParseEvent(m.Payload)
+		if token == f.token && token != p.holder {
+			// External mode: its earlier producer's, late, while it took
+			// the lock over from another holder, whose word comes first;
+			// acted on before start if nothing else decides ([E1]).
+			p.keepLate(m.Payload)
+			continue
+		}
 		if token != p.holder {
 			continue
 		}
+		own := token == f.token // external mode: its own lock taken again
 		switch kind {
 		case wire.EventFail:
-			e.release(f, wire.FailText(f.token, text))
+			if own {
+				p.own = true // onFail deletes it: the producer's event is out ([E3])
+			} else {
+				e.release(f, wire.FailText(f.token, text))
+			}
 			return p.onFail(text), true, false
 		case wire.EventNotFound:
+			if own {
+				n, _ := p.ownLateEnd(m.Payload)
+				return n, true, false
+			}
 			p.release(wire.NotFoundEvent(f.token))
 			p.served = ServedWaited
 			return next{err: e.notFoundErr(f.id)}, true, false

@@ -143,6 +143,15 @@ func (p *pursuit) onValue(payload string) {
 // keep waiting.
 func (p *pursuit) onEvents(ev pubsub.Events) (next, bool) {
 	e, f := p.e, p.f
+	notif := e.keys.Notif(f.key)
+	for _, m := range ev.Messages {
+		if m.Channel != notif {
+			// Before anything below returns with the batch half read: an
+			// event of its earlier producer, late, is acted on if the lock
+			// becomes the flight's own again ([E1]).
+			p.keepLate(m.Payload)
+		}
+	}
 	switch {
 	case ev.Closed:
 		return next{err: ErrClosed}, true
@@ -164,7 +173,6 @@ func (p *pursuit) onEvents(ev pubsub.Events) (next, bool) {
 		// check (heard) and an external start (goLive) rely on knowing it.
 		p.live = true
 	}
-	notif := e.keys.Notif(f.key)
 	for _, m := range ev.Messages {
 		if m.Channel == notif {
 			return p.value([]byte(m.Payload)), true
@@ -185,19 +193,19 @@ func (p *pursuit) onEvents(ev pubsub.Events) (next, bool) {
 func (p *pursuit) onEvent(payload string) (next, bool) {
 	kind, token, text := wire.ParseEvent(payload)
 	if token != p.holder {
-		p.keepLate(payload)  // its own earlier producer's, late ([E1])
 		return next{}, false // about an earlier holder
 	}
 	switch kind {
 	case wire.EventFail:
 		return p.onFail(text), true
 	case wire.EventNotFound:
+		p.served = ServedWaited
 		if p.own {
 			// Our external producer found nothing: its event is out,
-			// the lock must go, with no other.
+			// the lock must go, with no other ([E3]).
 			p.release("")
+			p.served = ServedComputed // the work this flight started
 		}
-		p.served = ServedWaited
 		return next{err: p.e.notFoundErr(p.f.id)}, true
 	}
 	// abandon, stale (the holder put a stale copy back), or a kind this
