@@ -196,10 +196,12 @@ func (c *Client) Get(ctx context.Context, id string, fetch FetchFunc) ([]byte, e
 // winner calls start, which starts the work elsewhere, and then waits like
 // everybody else for the value to be SET and PUBLISHed on KeyScheme.Notif.
 // The winner subscribes before it calls start, so a producer may publish
-// its value, or its failure on KeyScheme.Events under Lease.Token, as soon
+// its value, or its failure ("fail\n<token>\n<message>") or "not found"
+// ("notfound\n<token>\n") on KeyScheme.Events under Lease.Token, as soon
 // as it is started, even before start returns. The winner keeps its lock
 // until the value arrives, even if its callers leave, and Close releases
-// it. If the lock expires first, the next caller starts the work again.
+// it. If the lock expires first, the next caller starts the work again,
+// unless the earlier producer's failure or "not found" came meanwhile.
 // This is the original redis-memolock's GetResourceExternal.
 func (c *Client) GetExternal(ctx context.Context, id string, start StartFunc) ([]byte, error) {
 	if start == nil {
