@@ -117,11 +117,7 @@ func TestGetExternal_BeforeTheSubscriptionIsLive(t *testing.T) {
 	})
 	t.Run("callers leaving hand the lock over", func(t *testing.T) {
 		c := pingGatedClient(t, b.addr, "bl2", &Options{LockTTL: 30 * time.Second})
-		events := raw.Subscribe(bg(), "bl2/lock-event:a")
-		defer events.Close()
-		if _, err := events.Receive(bg()); err != nil {
-			t.Fatal(err)
-		}
+		events := subscribeTo(t, raw, "bl2/lock-event:a")
 		var starts atomic.Int64
 		ctx, cancel := context.WithCancel(bg())
 		got := make(chan answer, 1)
@@ -215,18 +211,13 @@ func TestGetExternal_EarlierProducersLateFailureEndsTheRetake(t *testing.T) {
 				var token atomic.Value
 				var published atomic.Bool
 				c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
-					args := cmd.Args()
-					if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 3 && args[3] == tag+":a" && starts.Load() == 1 && !published.Swap(true) {
+					if isLookup(cmd, tag+":a") && starts.Load() == 1 && !published.Swap(true) {
 						// The lookup after the lock expired, sent after the
 						// producer's late word.
 						raw.Publish(bg(), tag+"/lock-event:a", kind+"\n"+token.Load().(string)+"\ngave up late")
 					}
 				}))
-				events := raw.Subscribe(bg(), tag+"/lock-event:a")
-				defer events.Close()
-				if _, err := events.Receive(bg()); err != nil {
-					t.Fatal(err)
-				}
+				events := subscribeTo(t, raw, tag+"/lock-event:a")
 				ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 				defer cancel()
 				_, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
@@ -234,12 +225,7 @@ func TestGetExternal_EarlierProducersLateFailureEndsTheRetake(t *testing.T) {
 					starts.Add(1)
 					return nil
 				})
-				switch {
-				case kind == "fail" && (!errors.Is(err, ErrHolderFailed) || !strings.Contains(err.Error(), "gave up late")):
-					t.Fatalf("GetExternal = %v, want the earlier producer's failure", err)
-				case kind == "notfound" && !errors.Is(err, ErrNotFound):
-					t.Fatalf("GetExternal = %v, want the earlier producer's not found", err)
-				}
+				wantLateWord(t, kind, err)
 				if !published.Load() {
 					t.Fatal("the lookup after the lock expired was never sent")
 				}
@@ -256,6 +242,37 @@ func TestGetExternal_EarlierProducersLateFailureEndsTheRetake(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// subscribeTo subscribes raw to ch, and returns once the subscription is
+// in effect.
+func subscribeTo(t *testing.T, raw *redis.Client, ch string) *redis.PubSub {
+	t.Helper()
+	ps := raw.Subscribe(bg(), ch)
+	t.Cleanup(func() { _ = ps.Close() })
+	if _, err := ps.Receive(bg()); err != nil {
+		t.Fatal(err)
+	}
+	return ps
+}
+
+// isLookup reports whether cmd is a lookup (the acquire script) of the
+// value at key.
+func isLookup(cmd redis.Cmder, key string) bool {
+	args := cmd.Args()
+	return (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 3 && args[3] == key
+}
+
+// wantLateWord fails the test unless err is what the earlier producer's
+// late word of kind ("fail", with "gave up late", or "notfound") says.
+func wantLateWord(t *testing.T, kind string, err error) {
+	t.Helper()
+	switch {
+	case kind == "fail" && (!errors.Is(err, ErrHolderFailed) || !strings.Contains(err.Error(), "gave up late")):
+		t.Fatalf("GetExternal = %v, want the earlier producer's failure", err)
+	case kind == "notfound" && !errors.Is(err, ErrNotFound):
+		t.Fatalf("GetExternal = %v, want the earlier producer's not found", err)
 	}
 }
 
@@ -293,8 +310,7 @@ func TestGetExternal_LateWordHeardWhileWaitingOnAnotherHolder(t *testing.T) {
 			}})
 			var other atomic.Bool
 			c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
-				args := cmd.Args()
-				if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 3 && args[3] == tag+":a" && starts.Load() == 1 && !other.Load() {
+				if isLookup(cmd, tag+":a") && starts.Load() == 1 && !other.Load() {
 					// The winner's lock expired: another holder takes it
 					// just before the winner looks again.
 					if raw.SetNX(bg(), tag+"/lock:a", "other", time.Second).Val() {
@@ -302,11 +318,7 @@ func TestGetExternal_LateWordHeardWhileWaitingOnAnotherHolder(t *testing.T) {
 					}
 				}
 			}))
-			events := raw.Subscribe(bg(), tag+"/lock-event:a")
-			defer events.Close()
-			if _, err := events.Receive(bg()); err != nil {
-				t.Fatal(err)
-			}
+			events := subscribeTo(t, raw, tag+"/lock-event:a")
 			ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 			defer cancel()
 			_, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
@@ -320,12 +332,7 @@ func TestGetExternal_LateWordHeardWhileWaitingOnAnotherHolder(t *testing.T) {
 			if n := starts.Load(); n != 1 {
 				t.Errorf("start ran %d times: the late word did not stop the second start", n)
 			}
-			switch {
-			case kind == "fail" && (!errors.Is(err, ErrHolderFailed) || !strings.Contains(err.Error(), "gave up late")):
-				t.Fatalf("GetExternal = %v, want the earlier producer's failure", err)
-			case kind == "notfound" && !errors.Is(err, ErrNotFound):
-				t.Fatalf("GetExternal = %v, want the earlier producer's not found", err)
-			}
+			wantLateWord(t, kind, err)
 			eventually(t, 5*time.Second, "the lock to go", func() bool { return raw.Exists(bg(), tag+"/lock:a").Val() == 0 })
 			raw.Publish(bg(), tag+"/lock-event:a", "end of test")
 			if seen := eventsUntilEnd(events); len(seen) != 1 {
@@ -342,11 +349,7 @@ func TestGetExternal_ProducersNotFoundDeletesTheLockWithoutAnother(t *testing.T)
 	b := realBackend(t)
 	raw := rawClient(t, b.addr)
 	c := newTestClient(t, b.addr, "pnf", &Options{LockTTL: 10 * time.Second})
-	events := raw.Subscribe(bg(), "pnf/lock-event:a")
-	defer events.Close()
-	if _, err := events.Receive(bg()); err != nil {
-		t.Fatal(err)
-	}
+	events := subscribeTo(t, raw, "pnf/lock-event:a")
 	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 	defer cancel()
 	_, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
@@ -369,11 +372,7 @@ func TestGetExternal_OwnRetakeIsNoTakeover(t *testing.T) {
 	b := realBackend(t)
 	raw := rawClient(t, b.addr)
 	c := newTestClient(t, b.addr, "ownre", &Options{LockTTL: time.Second})
-	events := raw.Subscribe(bg(), "ownre/lock-event:a")
-	defer events.Close()
-	if _, err := events.Receive(bg()); err != nil {
-		t.Fatal(err)
-	}
+	events := subscribeTo(t, raw, "ownre/lock-event:a")
 	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 	defer cancel()
 	var starts atomic.Int64
@@ -418,18 +417,13 @@ func TestGetExternal_EarlierProducersLateValueAnswersTheRetake(t *testing.T) {
 			var starts atomic.Int64
 			var published atomic.Bool
 			c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
-				args := cmd.Args()
-				if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 3 && args[3] == tag+":a" && starts.Load() == 1 && !published.Swap(true) {
+				if isLookup(cmd, tag+":a") && starts.Load() == 1 && !published.Swap(true) {
 					// The lookup after the lock expired, sent after the value
 					// (published only: stored, the lookup would find it).
 					raw.Publish(bg(), tag+"/notif:a", "late value")
 				}
 			}))
-			events := raw.Subscribe(bg(), tag+"/lock-event:a")
-			defer events.Close()
-			if _, err := events.Receive(bg()); err != nil {
-				t.Fatal(err)
-			}
+			events := subscribeTo(t, raw, tag+"/lock-event:a")
 			ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 			defer cancel()
 			v, err := c.GetExternal(ctx, "a", func(context.Context, *Lease) error {
@@ -484,8 +478,7 @@ func TestGetExternal_LateWordInOneBatchAfterTheHoldersAbandon(t *testing.T) {
 	}})
 	var other atomic.Bool
 	c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
-		args := cmd.Args()
-		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 3 && args[3] == tag+":a" && starts.Load() == 1 && !other.Load() {
+		if isLookup(cmd, tag+":a") && starts.Load() == 1 && !other.Load() {
 			if raw.SetNX(bg(), tag+"/lock:a", "other", time.Second).Val() {
 				other.Store(true)
 			}
@@ -523,8 +516,7 @@ func TestGetExternal_TakeoverCheckHoldersValueBeforeALateFailure(t *testing.T) {
 	var other, published atomic.Bool
 	c := newTestClient(t, b.addr, tag, &Options{LockTTL: time.Second})
 	c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
-		args := cmd.Args()
-		if !((cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 3 && args[3] == tag+":a" && starts.Load() == 1) {
+		if !(isLookup(cmd, tag+":a") && starts.Load() == 1) {
 			return
 		}
 		switch {
