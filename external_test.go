@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -232,14 +234,13 @@ func TestGetExternal_EarlierProducersLateFailureEndsTheRetake(t *testing.T) {
 				if n := starts.Load(); n != 1 {
 					t.Errorf("start ran %d times: the late word did not stop the second start", n)
 				}
-				// The producer's event is out: the lock goes without another
-				// (PROTOCOL.md [E3]), in the script that deletes it, so before
-				// this end marker.
+				// The lock goes with the word said again under the flight's
+				// token (PROTOCOL.md [E1a]), in the script that deletes it, so
+				// before this end marker.
 				eventually(t, 5*time.Second, "the lock to go", func() bool { return raw.Exists(bg(), tag+"/lock:a").Val() == 0 })
 				raw.Publish(bg(), tag+"/lock-event:a", "end of test")
-				if seen := eventsUntilEnd(events); len(seen) != 1 {
-					t.Errorf("events %q, want the producer's alone", seen)
-				}
+				tok := token.Load().(string)
+				wantEvents(t, eventsUntilEnd(events), kind+"\n"+tok+"\ngave up late", lateWord(kind, tok))
 			})
 		}
 	}
@@ -291,55 +292,189 @@ func eventsUntilEnd(events *redis.PubSub) []string {
 // A winner whose lock expired while its producer worked, and which then
 // waits on another holder, keeps its producer's late failure or "not
 // found" heard meanwhile: once it takes the lock again, it acts on it
-// instead of starting the work a second time (PROTOCOL.md [E1]).
+// instead of starting the work a second time, and says it again under its
+// own token and the other holder's (PROTOCOL.md [E1a]). So it does when its
+// caller has left meanwhile, rather than hand the lock over with abandon.
 func TestGetExternal_LateWordHeardWhileWaitingOnAnotherHolder(t *testing.T) {
 	b := realBackend(t)
 	raw := rawClient(t, b.addr)
 	for _, kind := range []string{"fail", "notfound"} {
-		t.Run(kind, func(t *testing.T) {
-			tag := "lateother-" + kind
-			var token atomic.Value
-			var starts atomic.Int64
-			var told atomic.Bool
-			c := newTestClient(t, b.addr, tag, &Options{LockTTL: time.Second, OnWait: func(_, holder string) {
-				if holder == "other" && !told.Swap(true) {
-					// The flight now waits on the other holder: its own
-					// producer answers, late.
-					raw.Publish(bg(), tag+"/lock-event:a", kind+"\n"+token.Load().(string)+"\ngave up late")
-				}
-			}})
-			var other atomic.Bool
-			c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
-				if isLookup(cmd, tag+":a") && starts.Load() == 1 && !other.Load() {
-					// The winner's lock expired: another holder takes it
-					// just before the winner looks again.
-					if raw.SetNX(bg(), tag+"/lock:a", "other", time.Second).Val() {
-						other.Store(true)
+		for _, left := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/caller-left=%v", kind, left), func(t *testing.T) {
+				tag := fmt.Sprint("lateother-", kind, "-", left)
+				var token atomic.Value
+				var starts atomic.Int64
+				var told atomic.Bool
+				c := newTestClient(t, b.addr, tag, &Options{LockTTL: time.Second, OnWait: func(_, holder string) {
+					if holder == "other" && !told.Swap(true) {
+						// The flight now waits on the other holder: its own
+						// producer answers, late.
+						raw.Publish(bg(), tag+"/lock-event:a", kind+"\n"+token.Load().(string)+"\ngave up late")
 					}
+				}})
+				var other atomic.Bool
+				c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
+					if isLookup(cmd, tag+":a") && starts.Load() == 1 && !other.Load() {
+						// The winner's lock expired: another holder takes it
+						// just before the winner looks again.
+						if raw.SetNX(bg(), tag+"/lock:a", "other", time.Second).Val() {
+							other.Store(true)
+						}
+					}
+				}))
+				events := subscribeTo(t, raw, tag+"/lock-event:a")
+				wait := 20 * time.Second
+				if left {
+					wait = 300 * time.Millisecond // before the lock expires
 				}
-			}))
-			events := subscribeTo(t, raw, tag+"/lock-event:a")
-			ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
-			defer cancel()
-			_, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
-				token.Store(l.Token())
-				starts.Add(1)
-				return nil
+				ctx, cancel := context.WithTimeout(bg(), wait)
+				defer cancel()
+				_, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
+					token.Store(l.Token())
+					starts.Add(1)
+					return nil
+				})
+				tok := token.Load().(string)
+				// The producer's word, then the flight's: under its token, in
+				// the script that deletes the lock, then under the other's.
+				seen := eventsUpTo(events, 3, 10*time.Second)
+				if !told.Load() {
+					t.Fatal("the flight never waited on the other holder")
+				}
+				if n := starts.Load(); n != 1 {
+					t.Errorf("start ran %d times: the late word did not stop the second start", n)
+				}
+				if left {
+					if !errors.Is(err, ErrTimeout) {
+						t.Errorf("GetExternal = %v, want the caller's timeout", err)
+					}
+				} else {
+					wantLateWord(t, kind, err)
+				}
+				raw.Publish(bg(), tag+"/lock-event:a", "end of test")
+				wantEvents(t, append(seen, eventsUntilEnd(events)...),
+					kind+"\n"+tok+"\ngave up late", lateWord(kind, tok), lateWord(kind, "other"))
+				if raw.Exists(bg(), tag+"/lock:a").Val() != 0 {
+					t.Error("lock kept after the late word")
+				}
 			})
-			if !told.Load() {
-				t.Fatal("the flight never waited on the other holder")
-			}
-			if n := starts.Load(); n != 1 {
-				t.Errorf("start ran %d times: the late word did not stop the second start", n)
-			}
-			wantLateWord(t, kind, err)
-			eventually(t, 5*time.Second, "the lock to go", func() bool { return raw.Exists(bg(), tag+"/lock:a").Val() == 0 })
-			raw.Publish(bg(), tag+"/lock-event:a", "end of test")
-			if seen := eventsUntilEnd(events); len(seen) != 1 {
-				t.Errorf("events %q, want the producer's alone", seen)
-			}
-		})
+		}
 	}
+}
+
+// A word of the flight's own producer that comes in one read after an
+// event that sends the flight to look (an unknown kind here) is acted on
+// as soon as the lookup finds the lock still the flight's own, not once the
+// lock expires (PROTOCOL.md [E1a]).
+func TestGetExternal_WordAfterALookAgainEventEndsTheWaitPromptly(t *testing.T) {
+	b := realBackend(t)
+	raw := rawClient(t, b.addr)
+	const lockTTL = 20 * time.Second
+	c := newTestClient(t, b.addr, "lookword", &Options{LockTTL: lockTTL})
+	ctx, cancel := context.WithTimeout(bg(), 2*lockTTL)
+	defer cancel()
+	var starts atomic.Int64
+	t0 := time.Now()
+	_, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
+		starts.Add(1)
+		// Live before start ([E1]); start holds the flight up while both
+		// arrive, so that it reads them in one go after start.
+		pipe := raw.TxPipeline()
+		pipe.Publish(bg(), "lookword/lock-event:a", "progress\n"+l.Token()+"\n")
+		pipe.Publish(bg(), "lookword/lock-event:a", "fail\n"+l.Token()+"\ngave up")
+		if _, err := pipe.Exec(bg()); err != nil {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+		return nil
+	})
+	if !errors.Is(err, ErrHolderFailed) || !strings.Contains(err.Error(), "gave up") {
+		t.Fatalf("GetExternal = %v, want the producer's failure", err)
+	}
+	if d := time.Since(t0); d > lockTTL/2 {
+		t.Errorf("the failure ended the wait after %v: only once the lock expired", d)
+	}
+	if n := starts.Load(); n != 1 {
+		t.Errorf("start ran %d times", n)
+	}
+	eventually(t, 5*time.Second, "the lock to go", func() bool { return raw.Exists(bg(), "lookword/lock:a").Val() == 0 })
+}
+
+// A late word that reached the flight's subscription just before it would
+// start the work again, read or not yet, stops that start (PROTOCOL.md
+// [E1a]): the flight reads what it has before it calls start.
+func TestGetExternal_LateWordDeliveredJustBeforeStartAgain(t *testing.T) {
+	b := realBackend(t)
+	raw := rawClient(t, b.addr)
+	var token atomic.Value
+	var sent atomic.Bool
+	logger := slog.New(onLog(func(msg string) {
+		if strings.Contains(msg, "starting the work again") && !sent.Swap(true) {
+			// On the flight's goroutine, after the takeover check, before
+			// it starts: the word is delivered meanwhile.
+			raw.Publish(bg(), "lateready/lock-event:a", "fail\n"+token.Load().(string)+"\ngave up late")
+			time.Sleep(200 * time.Millisecond)
+		}
+	}))
+	c := newTestClient(t, b.addr, "lateready", &Options{LockTTL: time.Second, Logger: logger})
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	var starts atomic.Int64
+	_, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
+		token.Store(l.Token())
+		starts.Add(1)
+		return nil
+	})
+	if !sent.Load() {
+		t.Fatal("the flight never took its own lock again")
+	}
+	if n := starts.Load(); n != 1 {
+		t.Errorf("start ran %d times: the late word delivered before it was not read", n)
+	}
+	wantLateWord(t, "fail", err)
+}
+
+// onLog is a slog.Handler that calls its function with each message.
+type onLog func(msg string)
+
+func (h onLog) Enabled(context.Context, slog.Level) bool { return true }
+func (h onLog) Handle(_ context.Context, r slog.Record) error {
+	h(r.Message)
+	return nil
+}
+func (h onLog) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h onLog) WithGroup(string) slog.Handler      { return h }
+
+// lateWord is the event a flight publishes under token for its earlier
+// producer's late word of kind, "gave up late" (PROTOCOL.md [E1a]).
+func lateWord(kind, token string) string {
+	if kind == "fail" {
+		return "fail\n" + token + "\ngave up late"
+	}
+	return "notfound\n" + token + "\n"
+}
+
+// wantEvents fails the test unless seen is want, in order.
+func wantEvents(t *testing.T, seen []string, want ...string) {
+	t.Helper()
+	if !slices.Equal(seen, want) {
+		t.Errorf("events %q, want %q", seen, want)
+	}
+}
+
+// eventsUpTo reads n events, or as many as come within d.
+func eventsUpTo(events *redis.PubSub, n int, d time.Duration) []string {
+	var seen []string
+	timeout := time.After(d)
+	for len(seen) < n {
+		select {
+		case m := <-events.Channel():
+			seen = append(seen, m.Payload)
+		case <-timeout:
+			return seen
+		}
+	}
+	return seen
 }
 
 // A producer's "not found" deletes the winner's lock with no other event,

@@ -191,9 +191,15 @@ func (e *Engine) relay(p *pursuit, event func(token string) string) {
 	if p == nil || p.tookOverFrom == "" {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctxOf(p.f), closeWait)
+	e.publish(p.f, event(p.tookOverFrom))
+}
+
+// publish publishes event on f's events channel, as far as it can within
+// closeWait.
+func (e *Engine) publish(f *flight, event string) {
+	ctx, cancel := context.WithTimeout(ctxOf(f), closeWait)
 	defer cancel()
-	_ = e.throughMigration(ctx, func() error { return e.proto.Event(ctx, p.f.key, event(p.tookOverFrom)) })
+	_ = e.throughMigration(ctx, func() error { return e.proto.Event(ctx, f.key, event) })
 }
 
 // countFailure counts a fetch that failed, once, by reason: every reason is

@@ -91,7 +91,14 @@ func (p *pursuit) pursue(a attempt) ([]byte, error) {
 			return p.compute(pttl)
 		case r.Kind == wire.Locked && p.own && r.PTTL >= 0:
 			// External-producer mode: the lock we took is still ours, and
-			// the producer still at work.
+			// the producer still at work, unless it said otherwise in a
+			// read that sent the flight to look ([E1a]).
+			if late := p.late; late != "" {
+				p.late = ""
+				if n, decided := p.ownLateEnd(late); decided {
+					return n.val, n.err
+				}
+			}
 			r = wire.Reply{Kind: wire.Busy, PTTL: r.PTTL, Holder: f.token}
 		case r.Kind == wire.Locked:
 			if n, _, decided := p.heard(r.PTTL); decided {
@@ -146,13 +153,13 @@ func (p *pursuit) startExternal() (next, bool) {
 	if e.flights.retire(f) {
 		return next{err: errAbandoned}, true
 	}
+	p.takeover()
 	if n, decided := p.goLive(); decided {
 		return n, true
 	}
 	if e.flights.retire(f) {
 		return next{err: errAbandoned}, true
 	}
-	p.takeover()
 	p.started = true
 	if err := e.startExternal(p); err != nil {
 		p.own = false // startExternal released it
@@ -174,9 +181,6 @@ func (p *pursuit) startExternal() (next, bool) {
 // found". The lock is the flight's own: end releases it, and value and
 // onFail release it for a value and a failure.
 func (p *pursuit) goLive() (next, bool) {
-	if p.live && p.watch != nil {
-		return next{}, false
-	}
 	e, f := p.e, p.f
 	notif := e.keys.Notif(f.key)
 	bound := time.NewTimer(e.cfg.LockTTL / 3)
@@ -196,44 +200,23 @@ func (p *pursuit) goLive() (next, bool) {
 		if p.watch != nil {
 			signal = p.watch.Signal()
 		}
-		select {
-		case <-signal:
-			ev := p.watch.Take()
-			switch {
-			case ev.Closed:
-				return next{err: ErrClosed}, true
-			case ev.Err != nil:
-				return next{err: fmt.Errorf("%w: subscribing to %s: %w", ErrRedis, wire.Quote(notif), ev.Err)}, true
-			}
-			for _, m := range ev.Messages {
-				if m.Channel == notif {
-					// A value: no work was started this time. After a
-					// start, most likely that work's, as in the wait.
-					p.served = ServedWaited
-					if p.started {
-						p.served = ServedComputed
-					}
-					e.stats.wakeups.Add(1)
-					e.releaseDone(f)
-					p.own = false
-					return next{val: []byte(m.Payload)}, true
-				}
-				if n, ok := p.ownLateEnd(m.Payload); ok {
+		if p.live && p.watch != nil {
+			// Live: what the subscription has delivered already is read
+			// before start ([E1a]), and then the work starts.
+			select {
+			case <-signal:
+				if n, decided := p.beforeStart(p.watch.Take(), notif, &again); decided {
 					return n, true
 				}
-			}
-			if ev.Moved {
-				// The slot moved: watch where it is now, once go-redis
-				// has had a moment to learn the new map (at once, the
-				// router would name the old node again).
-				p.unwatch()
-				p.movedAt = time.Now()
-				again = time.After(min(lookAfterMove, e.cfg.LockTTL/3))
 				continue
-			}
-			if ev.Reread {
-				p.live = true
+			default:
 				return next{}, false
+			}
+		}
+		select {
+		case <-signal:
+			if n, decided := p.beforeStart(p.watch.Take(), notif, &again); decided {
+				return n, true
 			}
 		case <-again:
 			again = nil
@@ -247,30 +230,88 @@ func (p *pursuit) goLive() (next, bool) {
 	}
 }
 
-// ownLateEnd acts on an event that reached a flight holding its lock, before
-// it calls start again after its lock expired, or kept for then (late): its
-// earlier producer's late failure or "not found" ends the flight, and the
-// lock goes with no event, the producer's being out ([E1], [E3]). Before the
-// first start nobody has the token; other events are not the flight's
-// business before start.
+// beforeStart reads what the subscription delivered while the flight gets
+// live before it calls start: decided, with the flight's answer, when that
+// ends the flight (see goLive). After a move it drops the watch, and sets
+// again to when to watch again.
+func (p *pursuit) beforeStart(ev pubsub.Events, notif string, again *<-chan time.Time) (next, bool) {
+	e, f := p.e, p.f
+	switch {
+	case ev.Closed:
+		return next{err: ErrClosed}, true
+	case ev.Err != nil:
+		return next{err: fmt.Errorf("%w: subscribing to %s: %w", ErrRedis, wire.Quote(notif), ev.Err)}, true
+	}
+	for _, m := range ev.Messages {
+		if m.Channel == notif {
+			// A value: no work was started this time. After a start, most
+			// likely that work's, as in the wait.
+			p.served = ServedWaited
+			if p.started {
+				p.served = ServedComputed
+			}
+			e.stats.wakeups.Add(1)
+			e.releaseDone(f)
+			p.own = false
+			return next{val: []byte(m.Payload)}, true
+		}
+		if n, ok := p.ownLateEnd(m.Payload); ok {
+			return n, true
+		}
+	}
+	if ev.Moved {
+		// The slot moved: watch where it is now, once go-redis has had a
+		// moment to learn the new map (at once, the router would name the
+		// old node again).
+		p.unwatch()
+		p.movedAt = time.Now()
+		*again = time.After(min(lookAfterMove, e.cfg.LockTTL/3))
+		return next{}, false
+	}
+	if ev.Reread {
+		p.live = true
+	}
+	return next{}, false
+}
+
+// ownLateEnd acts on its earlier producer's late word (PROTOCOL.md [E1a]):
+// a failure or "not found" under the flight's own token, heard after its
+// lock expired, acted on while the flight holds its lock again before it
+// calls start again (or finds its lock still its own). The flight ends as
+// the word says, and the lock goes with the word published again under the
+// flight's token: waiters elsewhere may have been waiting on another holder
+// when the producer published it, and those that found the lock under this
+// token since wait on it. Having taken the lock over from another holder,
+// it says it under that holder's token too, as relay does for a failed
+// start. Before the first start nobody has the token; other events are not
+// the flight's business before start.
 func (p *pursuit) ownLateEnd(payload string) (next, bool) {
 	if !p.started {
 		return next{}, false
 	}
+	e, f := p.e, p.f
 	kind, token, text := wire.ParseEvent(payload)
-	if token != p.f.token {
+	if token != f.token {
 		return next{}, false
 	}
+	var event func(token string) string
 	switch kind {
 	case wire.EventFail:
-		p.own = true // taken again: onFail deletes it
-		return p.onFail(text), true
+		event = func(token string) string { return wire.FailText(token, text) }
 	case wire.EventNotFound:
-		p.release("")
-		p.served = ServedComputed // the answer of the work it started
-		return next{err: p.e.notFoundErr(p.f.id)}, true
+		event = wire.NotFoundEvent
+	default:
+		return next{}, false
 	}
-	return next{}, false
+	p.release(event(f.token))
+	if p.waited && p.holder != "" && p.holder != f.token {
+		e.publish(f, event(p.holder))
+	}
+	if kind == wire.EventFail {
+		return p.onFail(text), true // the lock is gone: onFail releases nothing
+	}
+	p.served = ServedComputed // the answer of the work it started
+	return next{err: e.notFoundErr(f.id)}, true
 }
 
 // keepLate keeps, for ownLateEnd, the first failure or "not found" that the

@@ -91,20 +91,19 @@ func (p *pursuit) onTakeoverEvents(ev pubsub.Events) (n next, decided, synced bo
 		if token != p.holder {
 			continue
 		}
-		own := token == f.token // external mode: its own lock taken again
-		switch kind {
-		case wire.EventFail:
-			if own {
-				p.own = true // onFail deletes it: the producer's event is out ([E3])
-			} else {
-				e.release(f, wire.FailText(f.token, text))
-			}
-			return p.onFail(text), true, false
-		case wire.EventNotFound:
-			if own {
-				n, _ := p.ownLateEnd(m.Payload)
+		if token == f.token {
+			// External mode, its own lock taken again: its earlier
+			// producer's late failure or "not found" ([E1a]).
+			if n, decided := p.ownLateEnd(m.Payload); decided {
 				return n, true, false
 			}
+			continue
+		}
+		switch kind {
+		case wire.EventFail:
+			e.release(f, wire.FailText(f.token, text))
+			return p.onFail(text), true, false
+		case wire.EventNotFound:
 			p.release(wire.NotFoundEvent(f.token))
 			p.served = ServedWaited
 			return next{err: e.notFoundErr(f.id)}, true, false
