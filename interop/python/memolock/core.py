@@ -377,11 +377,13 @@ class Core:
                     yield from self.end(f)
                     return (yield from self.hold(f, pttl))
                 w.own = True  # until start: an early exit hands it over in end()
+                # Our lock taken again after it expired: our earlier
+                # producer's failure, heard meanwhile, ends the flight, also
+                # when every caller has left: the word comes before [E4]'s
+                # abandon ([E1a]).
+                yield from self.act_on_late(f)
                 if self._retire(f):
                     raise Abandoned("memolock: flight abandoned")
-                # Our lock taken again after it expired: our earlier
-                # producer's failure, heard meanwhile, ends the flight ([E1]).
-                yield from self.act_on_late(f)
                 answered, got = yield from self.live_before_start(f)
                 if answered:
                     return got
@@ -473,7 +475,10 @@ class Core:
                         yield from self.release(f, b"")
                     raise HolderFailed(text)
                 if kind == P.EVENT_NOTFOUND:
-                    yield from self.got_value(f, None)
+                    if w.own:
+                        # Our own producer's ([E3]): no event, no linger.
+                        w.own = False
+                        yield from self.release(f, b"")
                     raise not_found_error(f)
                 # abandon, stale (the holder put a stale value back), or a
                 # kind this version does not know: look again.
@@ -648,7 +653,7 @@ class Core:
         looks again once live ([W11]). A fail or notfound event under the
         flight's own token (its earlier producer's, when it took its own
         expired lock again) ends the flight here, start not called
-        (act_on_late, [E1]). Other events taken here are kept for the wait
+        (act_on_late, [E1a]). Other events taken here are kept for the wait
         after start, which acts on them as on anything else."""
         w = f.wait
         if w.watch is not None and w.live:
@@ -687,21 +692,31 @@ class Core:
             w.late = own_verdict(messages, f.token)
 
     def act_on_late(self, f):
-        """External mode, the lock ours (w.own) and start not called yet: a
-        kept event of the flight's earlier producer (note_late) ends the
-        flight, and start is not called again ([E1]). A fail deletes the
-        lock with no event and raises HolderFailed with its message ([E3]);
-        a notfound ends it as in the wait ([W4]). Nothing kept: returns."""
+        """External mode, the lock ours (w.own), before start is called
+        again: a kept word of the flight's earlier producer (note_late) ends
+        the flight, and start is not called again ([E1a]). The lock goes
+        with no linger, the word published again under the flight's own
+        token (waiters that found the lock under it since the producer spoke
+        wait on it), and under the holder it took the lock over from, if any
+        ([X5]'s relay). A fail raises HolderFailed with its message, a
+        notfound NotFound ([E3]). This comes before [E4]'s abandon. Nothing
+        kept: returns."""
         w = f.wait
         if w.late is None:
             return
         kind, text = w.late
         w.pending = []
+        w.own = False
         if kind == "fail":
-            w.own = False
-            yield from self.release(f, b"")
+            def word(token):
+                return P.fail_event(token, text)
+        else:
+            def word(token):
+                return P.event(P.EVENT_NOTFOUND, token)
+        yield from self.release(f, word(f.token))
+        yield from self.relay(f, word)
+        if kind == "fail":
             raise HolderFailed(text)
-        yield from self.got_value(f, None)
         raise not_found_error(f)
 
     def start_external(self, f):

@@ -585,13 +585,23 @@ def late(kind, f, text=b"late"):
     return (b"t/lock-event:k", b"fail\n" + f.token + b"\n" + text if kind == "fail" else b"notfound\n" + f.token + b"\n")
 
 
-def ends_as_its_producer_said(run, f, c, kind):
+def word(kind, token, text=b"late"):
+    """The late word as published again under token ([E1a])."""
+    return P.fail_event(token, text) if kind == "fail" else P.event(P.EVENT_NOTFOUND, token)
+
+
+def ends_as_its_producer_said(run, f, c, kind, relay_to=None):
     """The flight ends on its earlier producer's late event without calling
-    start again ([E1]): fail deletes the lock with no event ([E3]), notfound
-    ends it as in the wait ([W4])."""
+    start again ([E1a]): the lock goes with no linger, the word published
+    again under the flight's own token (and under relay_to, the holder it
+    took the lock over from); the callers get the failure or NotFound."""
     op = run.expect(core.Script, "release")
-    assert op.args == [f.token, b"t/lock-event:k", b"", 0 if kind == "fail" else P.LINGER_MS]
+    assert op.args == [f.token, b"t/lock-event:k", word(kind, f.token), 0]
     run.send(1)
+    if relay_to is not None:
+        op = run.expect(core.Publish)
+        assert (op.channel, op.payload) == (b"t/lock-event:k", word(kind, relay_to))
+        run.send()
     if kind == "fail":
         with pytest.raises(memolock.HolderFailed) as ei:
             run.result()
@@ -645,8 +655,9 @@ def test_external_late_event_in_the_takeover_check_starts_nothing_again(c, clock
     run.send()
     run.expect(core.Take)
     run.send(events([late(kind, f)], reread=True))
-    ends_as_its_producer_said(run, f, c, kind)
-    assert f.took_over_from == HOLDER  # no relay: the flight's own producer failed ([E3])
+    # The word again under its own token, and under the holder it took the
+    # lock over from, whose waiters may not have heard it ([E1a]).
+    ends_as_its_producer_said(run, f, c, kind, relay_to=HOLDER)
 
 
 @pytest.mark.parametrize("kind", ["fail", "notfound"])
@@ -669,7 +680,7 @@ def test_external_late_event_heard_earlier_starts_nothing_again(c, clock, kind):
     run.send(events([(b"t/lock-event:k", b"abandon\n" + HOLDER + b"\n")], live=False))
     run.expect(core.Script, "acquire")
     run.send(1)  # no takeover check (not live), no wait to be live
-    ends_as_its_producer_said(run, f, c, kind)
+    ends_as_its_producer_said(run, f, c, kind, relay_to=HOLDER)  # it took the lock over from HOLDER
 
 
 def own_retake_check(run, f, clock):
@@ -763,6 +774,52 @@ def test_external_other_events_taken_before_start_are_acted_on_after_it(c, clock
         run.expect(core.Script, "acquire")  # the kept event: look again ([W5])
     else:
         run.expect(core.Sleep)  # another token's: ignored ([W6])
+
+
+@pytest.mark.parametrize("kind", ["fail", "notfound"])
+def test_external_word_kept_at_a_takeover_is_published_again_also_when_every_caller_left(c, clock, kind):
+    # Its producer's word came while the flight waited on another holder
+    # and its only caller has left; the flight then takes the lock over.
+    # The word ends it, published again under its own token and HOLDER's,
+    # not an abandon ([E1a] comes before [E4]).
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    own_lock_expired(run, f, clock)
+    run.send(events())
+    run.expect(core.Script, "acquire")
+    run.send([2000, HOLDER])
+    run.expect(core.OnWait)
+    run.send()
+    run.expect(core.Take)
+    run.send(events([late(kind, f)]))
+    run.expect(core.Sleep)  # not the holder's: kept ([W6])
+    assert f.wait.late is not None
+    assert not c.leave(f)  # started: the flight goes on ([E4])
+    run.send(True)
+    run.expect(core.Take)
+    run.send(events([(b"t/lock-event:k", b"abandon\n" + HOLDER + b"\n")]))
+    run.expect(core.Script, "acquire")
+    run.send(1)
+    run.expect(core.Mark)
+    run.send()
+    run.expect(core.Take)
+    run.send(events(reread=True))  # nothing of HOLDER's: a genuine takeover
+    ends_as_its_producer_said(run, f, c, kind, relay_to=HOLDER)
+
+
+def test_external_own_producers_notfound_deletes_the_lock_without_linger(c):
+    # [E3]: heard while the winner holds its lock, its producer's notfound
+    # deletes it with no event and no linger, as a fail does.
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    until_external_live(run, f)
+    run.send()
+    run.expect(core.Take)
+    run.send(events([late("notfound", f)]))
+    assert run.expect(core.Script, "release").args == [f.token, b"t/lock-event:k", b"", 0]
+    run.send(1)
+    with pytest.raises(memolock.NotFound):
+        run.result()
 
 
 def test_fetch_mode_ignores_events_under_its_own_token(c):

@@ -236,9 +236,10 @@ def _lingers(rdb, lock, token, since):
     return val == b"done:" + token and 0 < pttl <= P.LINGER_MS
 
 
-def _events_of(listener, token):
-    """The events naming token that listener (a subscribed PubSub) has
-    received: a PING behind them returns only after all published before."""
+def _events_of(listener, token=None):
+    """The events naming token (None: every event) that listener (a
+    subscribed PubSub) has received: a PING behind them returns only after
+    all published before."""
     listener.ping(b"drained")
     out = []
     deadline = time.monotonic() + WAIT
@@ -248,7 +249,7 @@ def _events_of(listener, token):
             continue
         if m["type"] == "pong":
             return out
-        if m["type"] == "message" and P.parse_event(m["data"])[1] == token:
+        if m["type"] == "message" and (token is None or P.parse_event(m["data"])[1] == token):
             out.append(m["data"])
     raise AssertionError("the listener's PING did not come back")
 
@@ -490,8 +491,9 @@ def _check_late_fail_at_the_retake(rdb, listener, lock, res, seen):
     assert isinstance(res, memolock.HolderFailed) and res.message == "producer failed late", res
     assert seen["starts"] == 1  # not started again ([X4], [E1])
     assert seen["answered"] - seen["published"] < PROMPT
-    assert rdb.get(lock) is None  # deleted ([E3])
-    assert _events_of(listener, token) == [P.fail_event(token, b"producer failed late")]  # only the producer's
+    assert rdb.get(lock) is None  # deleted, no linger ([E1a])
+    # The producer's, then the flight's: published again under its token ([E1a]).
+    assert _events_of(listener, token) == [P.fail_event(token, b"producer failed late")] * 2
 
 
 def test_external_late_fail_before_the_own_retake_starts_nothing_again(rdb, tag):
@@ -566,4 +568,134 @@ def test_async_external_late_fail_before_the_own_retake_starts_nothing_again(ser
 
     res = arun(main())
     _check_late_fail_at_the_retake(rdb, listener, lock, res, seen)
+    listener.close()
+
+
+def _kept(c, id):
+    """Whether the flight for id has kept its earlier producer's word."""
+    f = c._core.flights.get(id)
+    return f is not None and f.wait.late is not None
+
+
+OTHER_HOLDER = b"another-holder"
+
+
+def _check_published_again_for_both(rdb, listener, lock, res, seen, caller):
+    token = seen["token"]
+    late = b"producer failed late"
+    if caller == "waits":
+        assert isinstance(res, memolock.HolderFailed) and res.message == late.decode(), res
+    else:
+        assert isinstance(res, memolock.Timeout), res
+    assert seen["starts"] == 1
+    assert rdb.get(lock) is None  # no linger
+    # The producer's word, the other holder's abandon (the test's), then the
+    # flight's word again under its own token and the other holder's; no
+    # abandon of its own ([E1a] before [E4]).
+    assert _events_of(listener) == [P.fail_event(token, late), P.abandon_event(OTHER_HOLDER),
+                                    P.fail_event(token, late), P.fail_event(OTHER_HOLDER, late)]
+
+
+@pytest.mark.parametrize("caller", ["waits", "left"])
+def test_external_late_word_kept_while_waiting_on_another_holder_is_published_again(rdb, tag, caller):
+    # [E1a], review 2: the winner's lock (1 s) expires, another holder takes
+    # it before the winner's lookup, and the winner waits on it. Its
+    # producer's fail comes then (ignored for that holder, [W6], and kept).
+    # The other holder leaves, the winner takes the lock over and acts on
+    # the word: released publishing it again under its own token and the
+    # other holder's (its waiters may wait on either), with no linger. Its
+    # only caller may have left meanwhile ("left"): the word still comes
+    # before [E4]'s abandon (which the flight published).
+    lock, events = f"{tag}/lock:fh", f"{tag}/lock-event:fh"
+    listener = _subscribed(rdb, events)
+    seen = {"starts": 0}
+    waited = threading.Event()
+
+    def on_wait(id, holder):
+        if holder == OTHER_HOLDER.decode():
+            waited.set()
+
+    with memolock.Client(rdb, tag, lock_ttl=1, on_wait=on_wait) as c:
+        orig = c._scripts["acquire"]
+
+        def acquire(keys, args):
+            # The lookup after the winner's lock expired: another holder
+            # took it first (no expiry: it holds until the test frees it).
+            if seen["starts"] and "other" not in seen and not rdb.exists(lock):
+                rdb.set(lock, OTHER_HOLDER)
+                seen["other"] = True
+            return orig(keys=keys, args=args)
+
+        c._scripts["acquire"] = acquire
+
+        def start(lease):  # the producer answers late
+            seen["token"] = lease.token().encode()
+            seen["starts"] += 1
+
+        t, box = run_thread(c.get_external, "fh", start, WAIT if caller == "waits" else 1.5)
+        until(waited.is_set, what="the flight to wait on the other holder")
+        if caller == "left":
+            t.join(WAIT)
+            assert "err" in box
+        rdb.publish(events, P.fail_event(seen["token"], b"producer failed late"))
+        until(lambda: _kept(c, b"fh"), what="the flight to keep the word")
+        rdb.delete(lock)
+        rdb.publish(events, P.abandon_event(OTHER_HOLDER))
+        until(lambda: c._core.active == 0, what="the flight to end")
+        t.join(WAIT)
+        res = box.get("err", box.get("val"))
+    _check_published_again_for_both(rdb, listener, lock, res, seen, caller)
+    listener.close()
+
+
+@pytest.mark.parametrize("caller", ["waits", "left"])
+def test_async_external_late_word_kept_while_waiting_on_another_holder_is_published_again(server, rdb, tag, caller):
+    # The asyncio client, as above.
+    lock, events = f"{tag}/lock:fh", f"{tag}/lock-event:fh"
+    listener = _subscribed(rdb, events)
+    seen = {"starts": 0}
+
+    async def main():
+        r = aredis.Redis(port=server.port)
+        waited = asyncio.Event()
+
+        def on_wait(id, holder):
+            if holder == OTHER_HOLDER.decode():
+                waited.set()
+
+        c = memolock.AsyncClient(r, tag, lock_ttl=1, on_wait=on_wait)
+        orig = c._scripts["acquire"]
+
+        async def acquire(keys, args):
+            if seen["starts"] and "other" not in seen and not await r.exists(lock):
+                await r.set(lock, OTHER_HOLDER)
+                seen["other"] = True
+            return await orig(keys=keys, args=args)
+
+        c._scripts["acquire"] = acquire
+
+        async def start(lease):
+            seen["token"] = lease.token().encode()
+            seen["starts"] += 1
+
+        try:
+            t = asyncio.get_running_loop().create_task(
+                c.get_external("fh", start, WAIT if caller == "waits" else 1.5))
+            await asyncio.wait_for(waited.wait(), WAIT)
+            if caller == "left":
+                await asyncio.wait({t}, timeout=WAIT)
+                assert t.done()
+            await r.publish(events, P.fail_event(seen["token"], b"producer failed late"))
+            await auntil(lambda: _kept(c, b"fh"))
+            await r.delete(lock)
+            await r.publish(events, P.abandon_event(OTHER_HOLDER))
+            await auntil(lambda: c._core.active == 0)
+            (res,) = await asyncio.gather(t, return_exceptions=True)
+            return res
+        finally:
+            await c.close()
+            await r.close()
+
+    res = arun(main())
+    _check_published_again_for_both(rdb, listener, lock, res, seen, caller)
     listener.close()
