@@ -159,7 +159,8 @@ class WaitState:
         # External mode: a fail or notfound event under the flight's own
         # token that it received and has not acted on, ("fail", text) or
         # ("notfound", b""): its earlier producer's, late (note_late). It
-        # is acted on before start is called again (act_on_late, [E1]).
+        # is acted on before start is called again, and on a lookup that
+        # finds the lock still ours (act_on_late, [E1a]).
         self.late = None
 
 
@@ -356,7 +357,11 @@ class Core:
                 yield from self.got_value(f, None)  # ends the wait as a value would (external mode: our lock goes)
                 raise not_found_error(f)
             if r.kind == P.LOCKED and f.start is not None and w.own and r.pttl >= 0:
-                # External mode: our own lock, taken earlier; the work goes on elsewhere.
+                # External mode: our own lock, taken earlier; the work goes on
+                # elsewhere. A word of our producer kept meanwhile (one read
+                # brought it after a message that sent us here) ends the
+                # flight now, not after the lock expired ([E1a]).
+                yield from self.act_on_late(f)
                 r = P.Reply(P.BUSY, pttl=r.pttl, holder=f.token)
             elif r.kind == P.LOCKED:
                 pttl = r.pttl
@@ -685,22 +690,23 @@ class Core:
         """External mode: keeps the first fail or notfound event under the
         flight's own token among messages, unless one is kept already. Only
         its own producer publishes under its token while it runs: an event
-        that the flight does not act on where it reads it comes from a
-        producer it started before its lock expired."""
+        that the flight does not act on where it reads it (it waits on
+        another holder, or an earlier message of the same read sent it to
+        look again) is kept for act_on_late ([E1a])."""
         w = f.wait
         if f.start is not None and w.late is None:
             w.late = own_verdict(messages, f.token)
 
     def act_on_late(self, f):
         """External mode, the lock ours (w.own), before start is called
-        again: a kept word of the flight's earlier producer (note_late) ends
-        the flight, and start is not called again ([E1a]). The lock goes
-        with no linger, the word published again under the flight's own
-        token (waiters that found the lock under it since the producer spoke
-        wait on it), and under the holder it took the lock over from, if any
-        ([X5]'s relay). A fail raises HolderFailed with its message, a
-        notfound NotFound ([E3]). This comes before [E4]'s abandon. Nothing
-        kept: returns."""
+        again or on a lookup that finds the lock still ours: a kept word of
+        the flight's earlier producer (note_late) ends the flight, and start
+        is not called again ([E1a]). The lock goes with no linger, the word
+        published again under the flight's own token (waiters that found the
+        lock under it since the producer spoke wait on it), and under the
+        holder it took the lock over from, if any ([X5]'s relay). A fail
+        raises HolderFailed with its message, a notfound NotFound ([E3]).
+        This comes before [E4]'s abandon. Nothing kept: returns."""
         w = f.wait
         if w.late is None:
             return

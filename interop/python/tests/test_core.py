@@ -776,6 +776,29 @@ def test_external_other_events_taken_before_start_are_acted_on_after_it(c, clock
         run.expect(core.Sleep)  # another token's: ignored ([W6])
 
 
+def progress(f):
+    """An event of a kind this peer does not know, under the flight's own
+    token: it sends the flight to look again ([W5])."""
+    return (b"t/lock-event:k", b"progress\n" + f.token + b"\n")
+
+
+@pytest.mark.parametrize("kind", ["fail", "notfound"])
+def test_external_word_kept_is_acted_on_when_a_lookup_finds_the_lock_still_ours(c, kind):
+    # One read brings an unknown kind, then its producer's word: the first
+    # sends the flight to look again, the word is kept. The lookup finds
+    # the lock still its own: the word ends the flight there, not after a
+    # whole lock TTL and a re-take ([E1a]).
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    until_external_live(run, f)
+    run.send()  # start returned
+    run.expect(core.Take)
+    run.send(events([progress(f), late(kind, f)]))
+    run.expect(core.Script, "acquire")
+    run.send([2500, f.token])  # still ours
+    ends_as_its_producer_said(run, f, c, kind)
+
+
 @pytest.mark.parametrize("kind", ["fail", "notfound"])
 def test_external_word_kept_at_a_takeover_is_published_again_also_when_every_caller_left(c, clock, kind):
     # Its producer's word came while the flight waited on another holder

@@ -577,6 +577,101 @@ def _kept(c, id):
     return f is not None and f.wait.late is not None
 
 
+def _progress_then_word_start(rdb, c, seen, id, after=None):
+    """A start function whose producer sends an event of a kind this peer
+    does not know, then fails, both read before start returns: the flight
+    takes them in one read, the first sending it to look again ([W5]); the
+    fail is kept ([E1a]). after() runs before it returns."""
+    events = c.keys.events(id)
+
+    def count():
+        with c._sub._mu:
+            return sum(len(w.messages) for w in c._sub._watches.get(events, ()))
+
+    def start(lease):
+        token = seen["token"] = lease.token().encode()
+        seen["starts"] += 1
+        if seen["starts"] == 1:
+            rdb.publish(events, b"progress\n" + token + b"\n")
+            rdb.publish(events, P.fail_event(token, b"gave up"))
+            until(lambda: count() >= 2, what="the subscriber to read both")
+            if after is not None:
+                after()
+        seen["returned"] = time.monotonic()
+
+    return start
+
+
+def _check_acted_at_once(rdb, listener, lock, res, seen, lock_ttl):
+    token = seen["token"]
+    assert isinstance(res, memolock.HolderFailed) and res.message == "gave up", res
+    assert seen["starts"] == 1
+    assert seen["answered"] - seen["returned"] < lock_ttl / 2  # not after the lock expired
+    assert rdb.get(lock) is None
+    assert _events_of(listener, token) == [b"progress\n" + token + b"\n", P.fail_event(token, b"gave up"),
+                                           P.fail_event(token, b"gave up")]  # published again ([E1a])
+
+
+def test_external_word_after_a_look_again_event_ends_the_flight_while_the_lock_is_ours(rdb, tag):
+    # [E1a], review 2: one read brings [progress T, fail T]. The unknown
+    # kind sends the winner to look again; the lookup finds its lock still
+    # its own. The kept fail must end the flight there: it waited a whole
+    # lock TTL, took its lock again, and only then acted on it.
+    lock_ttl = 6
+    lock, events = f"{tag}/lock:pf", f"{tag}/lock-event:pf"
+    listener = _subscribed(rdb, events)
+    seen = {"starts": 0}
+    with memolock.Client(rdb, tag, lock_ttl=lock_ttl) as c:
+        start = _progress_then_word_start(rdb, c, seen, b"pf")
+        try:
+            res = c.get_external("pf", start, timeout=WAIT)
+        except memolock.MemolockError as e:
+            res = e
+        seen["answered"] = time.monotonic()
+    _check_acted_at_once(rdb, listener, lock, res, seen, lock_ttl)
+    listener.close()
+
+
+def test_async_external_word_after_a_look_again_event_ends_the_flight_while_the_lock_is_ours(server, rdb, tag):
+    # The asyncio client, as above.
+    lock_ttl = 6
+    lock, events = f"{tag}/lock:pf", f"{tag}/lock-event:pf"
+    listener = _subscribed(rdb, events)
+    seen = {"starts": 0}
+
+    async def main():
+        r = aredis.Redis(port=server.port)
+        c = memolock.AsyncClient(r, tag, lock_ttl=lock_ttl)
+        ev = c.keys.events(b"pf")
+
+        def count():
+            with c._sub._mu:
+                return sum(len(w.messages) for w in c._sub._watches.get(ev, ()))
+
+        async def start(lease):
+            token = seen["token"] = lease.token().encode()
+            seen["starts"] += 1
+            await r.publish(events, b"progress\n" + token + b"\n")
+            await r.publish(events, P.fail_event(token, b"gave up"))
+            await auntil(lambda: count() >= 2)
+            seen["returned"] = time.monotonic()
+
+        try:
+            try:
+                res = await c.get_external("pf", start, timeout=WAIT)
+            except memolock.MemolockError as e:
+                res = e
+            seen["answered"] = time.monotonic()
+            return res
+        finally:
+            await c.close()
+            await r.close()
+
+    res = arun(main())
+    _check_acted_at_once(rdb, listener, lock, res, seen, lock_ttl)
+    listener.close()
+
+
 OTHER_HOLDER = b"another-holder"
 
 
