@@ -365,13 +365,14 @@ class Core:
                 r = P.Reply(P.BUSY, pttl=r.pttl, holder=f.token)
             elif r.kind == P.LOCKED:
                 pttl = r.pttl
-                retake = w.holder == f.token and f.start is not None and w.late is None
+                retake = w.holder == f.token and f.start is not None
                 if w.holder is not None and w.live and (w.holder != f.token or retake):
                     # We waited on another holder with a live subscription:
                     # it may have released in this instant (PROTOCOL.md, takeover
                     # rule). Or, external mode, we took our own expired lock
-                    # again: our earlier producer's failure may be on its way
-                    # ([X4]; one already heard is acted on below).
+                    # again: our earlier producer's value or failure may be on
+                    # its way ([X4]; a value there decides before a word
+                    # already kept, [E1a]).
                     compute, got = yield from self.takeover(f, r.pttl)
                     if not compute:
                         return got
@@ -508,9 +509,11 @@ class Core:
 
         External mode, H our own token (we took our own expired lock again,
         [X4]): the same round trip looks for our earlier producer's late
-        answer. Its value is the answer ([E2]: released with the linger);
-        its fail or notfound ends the flight as [E1] says (act_on_late: fail
-        deletes the lock with no event); start is not called again."""
+        answer. A value, anywhere in what it read, is the answer ([E2]:
+        released with the linger); else a fail or notfound, read here or
+        kept before, ends the flight as [E1a] says (act_on_late); start is
+        not called again. After waiting on another holder H, H's word
+        decides first; a kept word is acted on in pursue if nothing did."""
         w = f.wait
         own = w.holder == f.token
         held_ms = pttl if pttl >= 0 else self.lock_ttl_ms
@@ -533,18 +536,22 @@ class Core:
             yield Sleep(min(left, P.MAX_SLEEP))
         # What arrived is true even if the connection broke: only the
         # absence of an event is unknown then, and computing is the answer.
-        self.note_late(f, messages)  # acted on before start ([E1])
-        verdict = takeover_verdict(messages, self.keys.notif(f.key), w.holder)
+        self.note_late(f, messages)  # acted on before start ([E1a])
+        notif = self.keys.notif(f.key)
+        if own:
+            # The lock stays ours (w.own) for got_value or act_on_late. A
+            # value decides first, then the word kept ([E1a]).
+            for ch, payload in messages:
+                if ch == notif:
+                    return False, (yield from self.got_value(f, payload))
+            yield from self.act_on_late(f)  # raises if a word is kept
+            w.own = False
+            return True, max(round(held_ms - (self.clock() - started) * 1000), 0)
+        verdict = takeover_verdict(messages, notif, w.holder)
         if verdict is None:
             w.own = False
             return True, max(round(held_ms - (self.clock() - started) * 1000), 0)
         kind, payload = verdict
-        if own:
-            # The lock stays ours (w.own) for got_value or act_on_late.
-            if kind == "value":
-                return False, (yield from self.got_value(f, payload))
-            yield from self.act_on_late(f)  # the event that note_late kept: it raises
-            raise AssertionError("act_on_late returned with an event kept")
         w.own = False
         if kind == "value":
             yield from self.release(f, P.abandon_event(f.token))

@@ -830,6 +830,58 @@ def test_external_word_kept_at_a_takeover_is_published_again_also_when_every_cal
     ends_as_its_producer_said(run, f, c, kind, relay_to=HOLDER)
 
 
+def kept_then_own_retake_check(run, f, clock, kind):
+    """An external flight whose own lock expired reads an unknown kind and
+    its producer's word in one read (the word kept), looks again and takes
+    its lock again: the takeover check starts (next op: its first Take)."""
+    own_lock_expired(run, f, clock)
+    run.send(events([progress(f), late(kind, f)]))
+    run.expect(core.Script, "acquire")
+    run.send(1)  # expired: taken again
+    assert f.wait.late is not None
+    run.expect(core.Mark)  # the check, even with a word kept ([X4])
+    run.send()
+    run.expect(core.Take)
+
+
+@pytest.mark.parametrize("kind", ["fail", "notfound"])
+def test_external_own_retake_value_in_the_check_decides_before_a_word_kept(c, clock, kind):
+    # At a re-take of its own lock a value decides first ([E1a]).
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    kept_then_own_retake_check(run, f, clock, kind)
+    run.send(events([(b"t/notif:k", b"v")], reread=True))
+    assert run.expect(core.Script, "release").args == [f.token, b"t/lock-event:k", b"", P.LINGER_MS]  # [E2]
+    run.send(1)
+    assert run.result() == b"v"
+    assert c.callbacks == 1 and not f.wait.own
+
+
+@pytest.mark.parametrize("kind", ["fail", "notfound"])
+def test_external_own_retake_value_decides_before_a_word_read_first_in_the_check(c, clock, kind):
+    # A word read in the check is kept as any other: at a re-take of its
+    # own lock, a value read after it in the same check still decides
+    # first ([E1a]); in order, as [X3] reads another holder's, the word won.
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    own_retake_check(run, f, clock)
+    run.send(events([late(kind, f), (b"t/notif:k", b"v")], reread=True))
+    assert run.expect(core.Script, "release").args == [f.token, b"t/lock-event:k", b"", P.LINGER_MS]  # [E2]
+    run.send(1)
+    assert run.result() == b"v"
+    assert c.callbacks == 1
+
+
+@pytest.mark.parametrize("kind", ["fail", "notfound"])
+def test_external_own_retake_acts_on_a_word_kept_if_the_check_finds_no_value(c, clock, kind):
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    kept_then_own_retake_check(run, f, clock, kind)
+    run.send(events([(b"t/lock-event:k", b"abandon\n" + OTHER + b"\n")], reread=True))
+    ends_as_its_producer_said(run, f, c, kind)
+    assert f.took_over_from is None  # its own lock: no relay ([E1a])
+
+
 def test_external_own_producers_notfound_deletes_the_lock_without_linger(c):
     # [E3]: heard while the winner holds its lock, its producer's notfound
     # deletes it with no event and no linger, as a fail does.

@@ -794,3 +794,84 @@ def test_async_external_late_word_kept_while_waiting_on_another_holder_is_publis
     res = arun(main())
     _check_published_again_for_both(rdb, listener, lock, res, seen, caller)
     listener.close()
+
+
+def _check_value_before_the_word(rdb, lock, res, seen):
+    assert res == b"late value", res
+    assert seen["starts"] == 1
+    assert rdb.get(lock) is None  # released (the linger goes with no value)
+
+
+def test_external_own_retake_value_decides_before_a_word_kept(rdb, tag):
+    # [E1a], review 2: the winner's lock (1 s, nobody renews it) expires
+    # while one read brings [progress T, fail T]: the fail is kept, and the
+    # lookup that follows takes the lock again. Its producer's value,
+    # published (not stored) just before that lookup, is read in the
+    # takeover check and decides first. Python skipped the check with a
+    # word kept and failed with the word.
+    lock, notif = f"{tag}/lock:rv", f"{tag}/notif:rv"
+    seen = {"starts": 0}
+    with memolock.Client(rdb, tag, lock_ttl=1) as c:
+        orig = c._scripts["acquire"]
+
+        def acquire(keys, args):
+            if seen["starts"] and "published" not in seen and not rdb.exists(lock):
+                rdb.publish(notif, b"late value")
+                seen["published"] = True
+            return orig(keys=keys, args=args)
+
+        c._scripts["acquire"] = acquire
+
+        def expired():
+            until(lambda: not rdb.exists(lock), what="the lock to expire")
+
+        start = _progress_then_word_start(rdb, c, seen, b"rv", after=expired)
+        try:
+            res = c.get_external("rv", start, timeout=WAIT)
+        except memolock.MemolockError as e:
+            res = e
+    _check_value_before_the_word(rdb, lock, res, seen)
+
+
+def test_async_external_own_retake_value_decides_before_a_word_kept(server, rdb, tag):
+    # The asyncio client, as above.
+    lock, notif, events = f"{tag}/lock:rv", f"{tag}/notif:rv", f"{tag}/lock-event:rv"
+    seen = {"starts": 0}
+
+    async def main():
+        r = aredis.Redis(port=server.port)
+        c = memolock.AsyncClient(r, tag, lock_ttl=1)
+        ev = c.keys.events(b"rv")
+        orig = c._scripts["acquire"]
+
+        async def acquire(keys, args):
+            if seen["starts"] and "published" not in seen and not await r.exists(lock):
+                await r.publish(notif, b"late value")
+                seen["published"] = True
+            return await orig(keys=keys, args=args)
+
+        c._scripts["acquire"] = acquire
+
+        def count():
+            with c._sub._mu:
+                return sum(len(w.messages) for w in c._sub._watches.get(ev, ()))
+
+        async def start(lease):
+            token = lease.token().encode()
+            seen["starts"] += 1
+            await r.publish(events, b"progress\n" + token + b"\n")
+            await r.publish(events, P.fail_event(token, b"gave up"))
+            await auntil(lambda: count() >= 2)
+            await auntil(lambda: not rdb.exists(lock))  # expired
+
+        try:
+            try:
+                return await c.get_external("rv", start, timeout=WAIT)
+            except memolock.MemolockError as e:
+                return e
+        finally:
+            await c.close()
+            await r.close()
+
+    res = arun(main())
+    _check_value_before_the_word(rdb, lock, res, seen)
