@@ -160,18 +160,24 @@ namespace MemoLockNet
                 }
                 if (r.Kind == ReplyKind.Locked && w.Own && r.Pttl >= 0)
                 {
-                    // External mode: our lock still holds, the producer still works.
+                    // External mode: our lock still holds, the producer still
+                    // works, unless it has spoken: a word of its kept from a
+                    // read that sent us to look again ends the flight now,
+                    // not a lock TTL later ([E1a]).
+                    Next late;
+                    if (w.ActOnLate(out late)) return late;
                     r = new AcquireReply { Kind = ReplyKind.Busy, Pttl = r.Pttl, Holder = f.Token };
                 }
                 else if (r.Kind == ReplyKind.Locked)
                 {
                     // External mode: we took the lock. Start the work, unless
-                    // the holder we waited on ended first (the flight itself,
-                    // when it took its own expired lock again: its earlier
-                    // producer's late fail or notfound ends it, [E1]), or
-                    // nobody wants it.
+                    // the holder we waited on ended first, or, when the flight
+                    // took its own expired lock again, a value came; unless
+                    // its earlier producer's late fail or notfound, kept,
+                    // ends it ([E1a], before [E4]'s abandon); or nobody wants it.
                     Next ended;
                     if (w.HolderEndedFirst(out ended)) return ended;
+                    if (w.ActOnLate(out ended)) return ended;
                     if (Flights.Retire(f)) { w.Own = true; return Next.Fail(new AbandonedException()); }
                     w.Takeover();
                     // The lock is ours from here: a value the producer

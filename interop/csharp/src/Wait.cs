@@ -20,7 +20,8 @@ namespace MemoLockNet
         bool liveAtLookup;       // the watch was live when the latest lookup went out
         volatile bool own;       // the lock is the flight's own (external mode)
         bool started;            // external mode: start was called, and its producer may answer late
-        string lateKind, lateText; // external mode: that producer's fail or notfound, kept ([E1]; KeepLate)
+        string lateKind, lateText; // external mode: that producer's fail or notfound, kept ([E1a]; KeepLate)
+        byte[] lateMsg;          // its message as received, for publishing it again (ActOnLate)
 
         /// <summary>A lookup failed after it may have taken the lock: End releases it.</summary>
         public bool MaybeLocked;
@@ -95,13 +96,14 @@ namespace MemoLockNet
         /// the same news under our token, for waiters that already saw us as
         /// the holder. Otherwise (an abandon, nothing, a broken connection, or
         /// no answer within lockTTL/3) it is a genuine takeover: false.
-        /// External mode, [E1]: the holder may be the flight itself, whose own
+        /// External mode, [X4]: the holder may be the flight itself, whose own
         /// lock expired while its producer worked. The same round trip then
-        /// brings in that producer's late news under our token: a fail or
-        /// notfound ends the flight as [E3] or [W4] say (OwnProducerEnded),
-        /// a value as [E2] says, and start is not called again. With another
-        /// holder, that producer's late fail or notfound heard here is kept
-        /// for EndedBeforeStart (KeepLate).
+        /// brings in that producer's late news under our token: a value ends
+        /// the flight as [E2] says. Its fail or notfound, like one heard here
+        /// while the holder is another, is kept (KeepLate) and acted on by
+        /// the caller (ActOnLate) if nothing here decided: the holder waited
+        /// on decides first, H's word or, at a re-take of our own lock, a
+        /// value, wherever it comes in the check ([E1a]).
         /// </summary>
         public bool HolderEndedFirst(out Next n)
         {
@@ -129,12 +131,9 @@ namespace MemoLockNet
                     }
                     string kind, token, text;
                     Tokens.ParseEvent(m.Value, out kind, out token, out text);
-                    if (token != holder) { KeepLate(kind, token, text); continue; }
-                    if (self)
-                    {
-                        if (OwnProducerEnded(kind, text, out n)) return true;
-                        continue; // abandon, stale, unknown: start again
-                    }
+                    // Our earlier producer's late word (and, self, abandon,
+                    // stale, unknown kinds: start again) decides nothing here.
+                    if (self || token != holder) { KeepLate(m.Value, kind, token, text); continue; }
                     if (kind == Tokens.EventFail)
                     {
                         c.Release(f, Tokens.FailEvent(f.Token, Tokens.EventMessage(m.Value)), 0);
@@ -176,17 +175,17 @@ namespace MemoLockNet
         /// flight: true, with n, and start is not called (End releases the
         /// lock with an abandon event). Bounded by lock TTL/3: past it, false,
         /// start runs anyway, and the wait looks again once live ([W11]).
-        /// A flight that took its own expired lock again also acts on a fail
-        /// or notfound under its own token taken here (its earlier producer's,
-        /// late): true, start is not called again (OwnProducerEnded); so
-        /// does one kept earlier, while it waited on another holder
-        /// (KeepLate), or heard here while that holder is still the latest.
+        /// A flight that took its lock again also acts on a fail or notfound
+        /// under its own token taken here (its earlier producer's, late,
+        /// [E1a]): true, start is not called again (ActOnLate; the caller has
+        /// acted on one kept earlier). A watch live already is read once:
+        /// what it has delivered is acted on before start is called again.
         /// What arrives once live is left for the wait after start.
         /// </summary>
         public bool EndedBeforeStart(out Next n)
         {
             own = true;
-            if (ActOnLate(out n)) return true;
+            n = default(Next);
             if (w == null) w = c.Sub.Add(OnValue, c.Keys.Notif(f.Key), c.Keys.Events(f.Key));
             var handles = new WaitHandle[] { w.Signal, f.Cancel.Token.WaitHandle };
             var sw = Stopwatch.StartNew();
@@ -208,13 +207,8 @@ namespace MemoLockNet
                     // it came after the marker): start must not run again.
                     string kind, token, text;
                     Tokens.ParseEvent(m.Value, out kind, out token, out text);
-                    if (holder != f.Token)
-                    {
-                        KeepLate(kind, token, text);
-                        if (ActOnLate(out n)) return true;
-                        continue;
-                    }
-                    if (token == f.Token && OwnProducerEnded(kind, text, out n)) return true;
+                    KeepLate(m.Value, kind, token, text);
+                    if (ActOnLate(out n)) return true;
                 }
                 // Other events before start concern earlier holders only (the
                 // takeover check had those of the holder waited on).
@@ -235,45 +229,56 @@ namespace MemoLockNet
         }
 
         /// <summary>
-        /// External mode, [E1]: event kind (with text) under the flight's own
-        /// token, heard after the flight took its own expired lock again and
-        /// before it calls start again: the earlier producer's late answer.
-        /// A fail ends the flight with the producer's message and a notfound
-        /// with "not found"; either way the lock just taken goes (release, no
-        /// event, no linger: [E3], [L4]): true, with n. Other kinds: false.
+        /// External mode, [E1a]: keeps the first fail or notfound under the
+        /// flight's own token once start was called: its producer's word
+        /// (payload, parsed as kind, token and text), which the flight does
+        /// not act on where it reads it. Called for every event the flight
+        /// reads, whatever the holder and wherever it comes in a read: a
+        /// look-again earlier in the same read, another holder waited on
+        /// ([W6]) or a takeover check that something else decides must not
+        /// lose it. A value that comes meanwhile still ends the wait.
         /// </summary>
-        bool OwnProducerEnded(string kind, string text, out Next n)
-        {
-            n = default(Next);
-            if (kind == Tokens.EventFail) n = Next.Fail(new HolderFailedException(text));
-            else if (kind == Tokens.EventNotFound) n = Next.Fail(FlightEngine.NotFoundFor(f));
-            else return false;
-            Release(new byte[0]);
-            return true;
-        }
-
-        /// <summary>
-        /// External mode, [E1]: an event that the flight does not act on where
-        /// it reads it, because its holder is another (its own lock expired
-        /// while its producer worked, and somebody else took it). A fail or
-        /// notfound under the flight's own token, once start was called, is
-        /// that producer's late answer: the first one is kept, and acted on
-        /// before start is called again (ActOnLate). A value that comes
-        /// meanwhile still ends the wait.
-        /// </summary>
-        void KeepLate(string kind, string token, string text)
+        void KeepLate(byte[] payload, string kind, string token, string text)
         {
             if (!started || lateKind != null || token != f.Token) return;
             if (kind != Tokens.EventFail && kind != Tokens.EventNotFound) return;
             lateKind = kind;
             lateText = text;
+            lateMsg = Tokens.EventMessage(payload);
         }
 
-        /// <summary>The lock is the flight's again, start not yet called: a kept late answer ends the flight as OwnProducerEnded says (true, with n).</summary>
-        bool ActOnLate(out Next n)
+        /// <summary>
+        /// External mode, [E1a]: the lock is the flight's (taken again, or
+        /// found still its own) and start is not called again. A kept word
+        /// (KeepLate) ends the flight: true, with n, the failure with its
+        /// message or "not found". Whether or not any caller is left (this
+        /// comes before [E4]'s abandon), the lock goes with no linger,
+        /// publishing the word again under our token, for the waiters that
+        /// found the lock under it since the producer published it; after a
+        /// takeover from another holder H, under H's token too ([X5]'s
+        /// relay). Nothing kept: false.
+        /// </summary>
+        public bool ActOnLate(out Next n)
         {
             n = default(Next);
-            return lateKind != null && OwnProducerEnded(lateKind, lateText, out n);
+            if (lateKind == null) return false;
+            Func<string, byte[]> word;
+            if (lateKind == Tokens.EventFail)
+            {
+                byte[] msg = lateMsg;
+                word = t => Tokens.FailEvent(t, msg);
+                n = Next.Fail(new HolderFailedException(lateText));
+            }
+            else
+            {
+                word = t => Tokens.Event(Tokens.EventNotFound, t);
+                n = Next.Fail(FlightEngine.NotFoundFor(f));
+            }
+            Release(word(f.Token));
+            if (waited && holder != null && holder != f.Token)
+                try { c.Proto.Event(f.Key, word(holder)); }
+                catch (Exception) { } // as a release's: their timers still end their wait
+            return true;
         }
 
         // On the subscriber thread: hands a published value to the callers at
@@ -293,17 +298,16 @@ namespace MemoLockNet
                 return true;
             }
             string notif = Bytes.Latin1(c.Keys.Notif(f.Key));
-            // Waiting on another holder: our earlier producer's late answer
-            // is kept first, from the whole batch (a look-again below drops
-            // the rest of it).
-            if (holder != f.Token)
-                foreach (var m in ev.Messages)
-                {
-                    if (m.Key == notif) continue;
-                    string kind, token, text;
-                    Tokens.ParseEvent(m.Value, out kind, out token, out text);
-                    KeepLate(kind, token, text);
-                }
+            // Our producer's word is kept first, from the whole read and
+            // whatever the holder ([E1a]): waiting on another holder, we
+            // ignore it for now, and a look-again below drops the rest.
+            foreach (var m in ev.Messages)
+            {
+                if (m.Key == notif) continue;
+                string kind, token, text;
+                Tokens.ParseEvent(m.Value, out kind, out token, out text);
+                KeepLate(m.Value, kind, token, text);
+            }
             foreach (var m in ev.Messages)
             {
                 if (m.Key == notif) { n = Value(m.Value); return true; }

@@ -706,6 +706,42 @@ namespace MemoLockTests
             return m != null && m.Length == 3 ? S(m[2] as byte[]) : null;
         }
 
+        /// <summary>The messages on listener until it is silent for 500 ms, the first within firstMs.</summary>
+        static List<string> MessagesUntilQuiet(RespConnection listener, int firstMs = 500)
+        {
+            var all = new List<string>();
+            string m;
+            while ((m = NextMessage(listener, all.Count == 0 ? firstMs : 500)) != null) all.Add(m);
+            return all;
+        }
+
+        /// <summary>
+        /// A Get on a thread of its own, not the pool's: a caller blocked on a
+        /// pool thread can starve Mono's pool, which socket connects need
+        /// (seen: a winner that did not start within 2 s with 4 tests at once).
+        /// </summary>
+        sealed class Call
+        {
+            readonly Thread t;
+            public byte[] Val;
+            public Exception Err;
+            public Call(Func<byte[]> body)
+            {
+                t = new Thread(() => { try { Val = body(); } catch (Exception e) { Err = e; } }) { IsBackground = true };
+                t.Start();
+            }
+            public void Join() { Assert.True(t.Join(60000), "the call returned"); }
+        }
+
+        /// <summary>Messages as one line, for an assertion's message.</summary>
+        static string Show(IEnumerable<string> ms) { return "[" + string.Join(" | ", ms.Select(m => m.Replace("\n", "\\n"))) + "]"; }
+
+        /// <summary>Asserts that got holds exactly want, in order.</summary>
+        static void Messages(List<string> got, string what, params string[] want)
+        {
+            Assert.True(got.SequenceEqual(want), what + ": want " + Show(want) + ", got " + Show(got));
+        }
+
         /// <summary>
         /// [E1]: a value published while the winner waits for its subscription
         /// to be live (after the SUBSCRIBE took effect, before the marker PING
@@ -826,7 +862,9 @@ namespace MemoLockTests
             public Exception Err;
             public byte[] Val;
             public int Starts;
-            public string Token, Lock, Published, EventAfter;
+            public long Takeovers;
+            public string Token, Lock, Published;
+            public List<string> After; // events after the published one
             public TimeSpan Took;
         }
 
@@ -839,10 +877,12 @@ namespace MemoLockTests
         /// producer answers late: kind under the flight's token is published,
         /// and held back at the subscriber until that lookup has answered, so
         /// that it reaches the flight during the re-take, before start would
-        /// run again. Also returns the lock afterwards and the next event
-        /// after the published one on the events channel (null: none).
+        /// run again. With valueToo, a value is published right after it on
+        /// the value channel (not stored: the lookup must not find it), and
+        /// held back with it. Also returns the lock afterwards and the events
+        /// after the published one on the events channel.
         /// </summary>
-        static RetakeRun ExternalRetakeHearing(string id, string kind)
+        static RetakeRun ExternalRetakeHearing(string id, string kind, bool valueToo = false)
         {
             using (var srv = new RedisServer())
             using (var rdb = new SpyTransport(srv.Url()))
@@ -858,6 +898,7 @@ namespace MemoLockTests
                     published = 1;
                     Volatile.Write(ref heldUntil, n);
                     srv.Call("PUBLISH", "t/lock-event:" + id, kind + "\n" + token + "\n" + (kind == "fail" ? "producer broke late" : ""));
+                    if (valueToo) srv.Call("PUBLISH", "t/notif:" + id, "from the check");
                 };
                 rdb.HoldMessagesUntil = () => Volatile.Read(ref rdb.Lookups) >= Volatile.Read(ref heldUntil);
                 var listener = RespConnection.Open(srv.Url(), 5000);
@@ -878,8 +919,9 @@ namespace MemoLockTests
                     run.Took = sw.Elapsed;
                     run.Token = token;
                     run.Lock = S((byte[])srv.Call("GET", "t/lock:" + id));
+                    run.Takeovers = c.Takeovers;
                     run.Published = NextMessage(listener, 2000);
-                    run.EventAfter = NextMessage(listener, 300);
+                    run.After = MessagesUntilQuiet(listener);
                     return run;
                 }
                 finally { listener.Dispose(); }
@@ -892,8 +934,9 @@ namespace MemoLockTests
         /// the flight's token reaches it right then (the takeover check's
         /// round trip brings it in). The flight fails with the producer's
         /// message, start is not called a second time, and the lock goes
-        /// with no event. C# ignored the event (the check skipped a holder
-        /// that is the flight itself) and called start again.
+        /// publishing the word again under the flight's token ([E1a]), with
+        /// no linger. C# ignored the event (the check skipped a holder that
+        /// is the flight itself) and called start again.
         /// </summary>
         [Test]
         static void External_LateFailOfOwnProducerAtTheRetakeStartsNothingAgain()
@@ -905,11 +948,12 @@ namespace MemoLockTests
             Assert.Equal("producer broke late", ((HolderFailedException)run.Err).HolderMessage, "message");
             Assert.Equal("fail\n" + run.Token + "\nproducer broke late", run.Published, "the late event");
             Assert.Equal(null, run.Lock, "lock deleted");
-            Assert.Equal(null, run.EventAfter, "released with no event");
+            Messages(run.After, "released publishing the word again", "fail\n" + run.Token + "\nproducer broke late");
+            Assert.Equal(0L, run.Takeovers, "a re-take of its own lock is no takeover");
             Assert.True(run.Took < TimeSpan.FromSeconds(6), "promptly: " + run.Took);
         }
 
-        /// <summary>[E1], [W4]: as above, with the first producer's notfound: "not found", one start, the lock deleted with no event.</summary>
+        /// <summary>[E1a], [W4]: as above, with the first producer's notfound: "not found", one start, the lock deleted publishing notfound again.</summary>
         [Test]
         static void External_LateNotFoundOfOwnProducerAtTheRetakeStartsNothingAgain()
         {
@@ -919,7 +963,7 @@ namespace MemoLockTests
             Assert.True(run.Err is NotFoundException, "not found: " + run.Err);
             Assert.Equal("notfound\n" + run.Token + "\n", run.Published, "the late event");
             Assert.Equal(null, run.Lock, "lock deleted");
-            Assert.Equal(null, run.EventAfter, "released with no event");
+            Messages(run.After, "released publishing the word again", "notfound\n" + run.Token + "\n");
             Assert.True(run.Took < TimeSpan.FromSeconds(6), "promptly: " + run.Took);
         }
 
@@ -937,6 +981,7 @@ namespace MemoLockTests
             Assert.Equal(2, run.Starts, "started again");
             Assert.Equal("abandon\n" + run.Token + "\n", run.Published, "the late event");
             Assert.True(run.Lock == null || run.Lock.StartsWith("done:", StringComparison.Ordinal), "lock released with its linger: " + run.Lock);
+            Messages(run.After, "no event after");
         }
 
         /// <summary>
@@ -946,7 +991,8 @@ namespace MemoLockTests
         /// The first producer's fail under the flight's token comes during
         /// that wait (after the new SUBSCRIBE took effect, before its
         /// marker): the flight fails with it, start is not called again, and
-        /// the lock goes with no event. C# dropped the event there.
+        /// the lock goes publishing the word again ([E1a]). C# dropped the
+        /// event there.
         /// </summary>
         [Test]
         static void External_LateFailOfOwnProducerWhileGoingLiveStartsNothingAgain()
@@ -988,7 +1034,7 @@ namespace MemoLockTests
                     Assert.True(c.Reconnects >= 1, "the connection was replaced: " + c.Reconnects);
                     Assert.Equal(null, srv.Call("GET", "t/lock:gl"), "lock deleted");
                     Assert.Equal("fail\n" + token + "\nproducer broke late", NextMessage(listener, 2000), "the late event");
-                    Assert.Equal(null, NextMessage(listener, 300), "released with no event");
+                    Messages(MessagesUntilQuiet(listener), "released publishing the word again", "fail\n" + token + "\nproducer broke late");
                 }
                 finally { listener.Dispose(); }
             }
@@ -1000,7 +1046,9 @@ namespace MemoLockTests
             public Exception Err;
             public byte[] Val;
             public int Starts, Lookups;
-            public string Token, Lock, Published, EventAfter;
+            public long Takeovers;
+            public string Token, Lock, Published;
+            public List<string> After; // events after the late one
             public List<string> Holders = new List<string>();
             public TimeSpan Took;
         }
@@ -1018,10 +1066,13 @@ namespace MemoLockTests
         /// answer comes only then: published just before the re-take's
         /// lookup, and held back at the subscriber until that lookup has
         /// answered, so that the takeover check's round trip brings it in.
-        /// Also returns the lock afterwards and the events on the events
-        /// channel after the late one (null: none).
+        /// With callerLeaves, the caller gives up 1.5 s after it called: after
+        /// start (at once), while the flight waits on B (from its lookup at
+        /// 1 s or more until B's lock expires, 1.5 s later). Also returns the
+        /// lock afterwards and the events on the events channel after the
+        /// late one.
         /// </summary>
-        static LateRun ExternalLateWhileWaitingOnAnother(string id, string kind, bool valueAfter, bool atRetake = false)
+        static LateRun ExternalLateWhileWaitingOnAnother(string id, string kind, bool valueAfter, bool atRetake = false, bool callerLeaves = false)
         {
             using (var srv = new RedisServer())
             using (var rdb = new SpyTransport(srv.Url()))
@@ -1046,12 +1097,12 @@ namespace MemoLockTests
                 {
                     listener.Call("SUBSCRIBE", "t/lock-event:" + id);
                     var sw = Stopwatch.StartNew();
-                    var call = System.Threading.Tasks.Task.Run(() => c.GetExternal(id, l =>
+                    var call = new Call(() => c.GetExternal(id, l =>
                     {
                         if (Interlocked.Increment(ref run.Starts) == 1) { Volatile.Write(ref token, l.Token); return; }
                         srv.Call("SET", "t:" + id, "second");
                         srv.Call("PUBLISH", "t/notif:" + id, "second");
-                    }, TimeSpan.FromSeconds(15)));
+                    }, TimeSpan.FromSeconds(callerLeaves ? 1.5 : 15)));
                     // The second lookup answered: the flight waits on B.
                     Assert.Eventually(() => Volatile.Read(ref rdb.Lookups) >= 2, 20, "the lookup that finds B");
                     Assert.Equal("b-holder", S((byte[])srv.Call("GET", "t/lock:" + id)), "B holds the lock");
@@ -1063,14 +1114,17 @@ namespace MemoLockTests
                         srv.Call("SET", "t:" + id, "from B");
                         srv.Call("PUBLISH", "t/notif:" + id, "from B");
                     }
-                    try { run.Val = call.Result; }
-                    catch (AggregateException e) { run.Err = e.InnerException; }
+                    call.Join();
+                    run.Val = call.Val;
+                    run.Err = call.Err;
                     run.Took = sw.Elapsed;
                     run.Token = token;
-                    run.Lookups = Volatile.Read(ref rdb.Lookups);
-                    run.Lock = S((byte[])srv.Call("GET", "t/lock:" + id));
                     run.Published = NextMessage(listener, 2000);
-                    run.EventAfter = NextMessage(listener, 300);
+                    // A caller that left returns before the flight ends: wait for its events.
+                    run.After = MessagesUntilQuiet(listener, callerLeaves ? 15000 : 500);
+                    run.Lookups = Volatile.Read(ref rdb.Lookups);
+                    run.Takeovers = c.Takeovers;
+                    run.Lock = S((byte[])srv.Call("GET", "t/lock:" + id));
                     return run;
                 }
                 finally { c.Close(); listener.Dispose(); }
@@ -1083,8 +1137,10 @@ namespace MemoLockTests
         /// producer's fail under the flight's token comes, late. B's lock
         /// expires without a word and the flight takes the lock again: it
         /// fails with the producer's message, start is not called a second
-        /// time, and the lock goes with no event. C# dropped the event (not
-        /// B's token: about an earlier holder) and called start again.
+        /// time, and the lock goes publishing the word again under its token,
+        /// and under B's, whose waiters it took the lock over from ([E1a]).
+        /// C# dropped the event (not B's token: about an earlier holder) and
+        /// called start again.
         /// </summary>
         [Test]
         static void External_LateFailOfOwnProducerWhileWaitingOnAnotherHolderStartsNothingAgain()
@@ -1098,11 +1154,11 @@ namespace MemoLockTests
             Assert.Equal(3, run.Lookups, "three lookups: the first take, the one that finds B, the re-take");
             Assert.Equal("fail\n" + run.Token + "\nboom", run.Published, "the late event");
             Assert.Equal(null, run.Lock, "lock deleted");
-            Assert.Equal(null, run.EventAfter, "released with no event");
+            Messages(run.After, "the word again, under the flight's token and B's", "fail\n" + run.Token + "\nboom", "fail\nb-holder\nboom");
             Assert.True(run.Took < TimeSpan.FromSeconds(8), "promptly: " + run.Took);
         }
 
-        /// <summary>[E1], [W4]: as above, with the first producer's notfound: "not found", one start, the lock deleted with no event.</summary>
+        /// <summary>[E1a], [W4]: as above, with the first producer's notfound: "not found", one start, the lock deleted publishing notfound again, under B's token too.</summary>
         [Test]
         static void External_LateNotFoundOfOwnProducerWhileWaitingOnAnotherHolderStartsNothingAgain()
         {
@@ -1114,7 +1170,7 @@ namespace MemoLockTests
             Assert.Equal(3, run.Lookups, "three lookups: the first take, the one that finds B, the re-take");
             Assert.Equal("notfound\n" + run.Token + "\n", run.Published, "the late event");
             Assert.Equal(null, run.Lock, "lock deleted");
-            Assert.Equal(null, run.EventAfter, "released with no event");
+            Messages(run.After, "the word again, under the flight's token and B's", "notfound\n" + run.Token + "\n", "notfound\nb-holder\n");
             Assert.True(run.Took < TimeSpan.FromSeconds(8), "promptly: " + run.Took);
         }
 
@@ -1136,7 +1192,7 @@ namespace MemoLockTests
             Assert.Equal(3, run.Lookups, "three lookups: the first take, the one that finds B, the re-take");
             Assert.Equal("fail\n" + run.Token + "\nboom", run.Published, "the late event");
             Assert.Equal(null, run.Lock, "lock deleted");
-            Assert.Equal(null, run.EventAfter, "released with no event");
+            Messages(run.After, "the word again, under the flight's token and B's", "fail\n" + run.Token + "\nboom", "fail\nb-holder\nboom");
             Assert.True(run.Took < TimeSpan.FromSeconds(8), "promptly: " + run.Took);
         }
 
@@ -1154,6 +1210,182 @@ namespace MemoLockTests
             Assert.Equal(2, run.Lookups, "no lookup after the value");
             Assert.Equal("fail\n" + run.Token + "\nboom", run.Published, "the late event");
             Assert.True(run.Lock == "b-holder" || run.Lock == null, "B's lock untouched (or expired): " + run.Lock);
+        }
+
+        /// <summary>
+        /// [E1a]: the flight's lock expired while the first producer worked,
+        /// another holder B took it, and the flight waits on B when that
+        /// producer's fail comes, late, as above; but the caller has left
+        /// meanwhile (its timeout). The re-take acts on the kept word before
+        /// [E4]'s abandon for a flight nobody waits for: start is not called
+        /// again, and the lock goes publishing the word again under the
+        /// flight's token and B's, with no abandon. C# retired the flight
+        /// first and published abandon.
+        /// </summary>
+        [Test]
+        static void External_LateFailWhileWaitingOnAnotherHolderAfterTheCallerLeftIsPublishedNotAbandoned()
+        {
+            var run = ExternalLateWhileWaitingOnAnother("wl", "fail", false, callerLeaves: true);
+            Assert.True(run.Token != null, "start ran");
+            Assert.True(run.Err is MemoLockTimeoutException, "the caller left: " + run.Err);
+            Assert.True(run.Holders.Contains("b-holder"), "the flight waited on B: " + string.Join(", ", run.Holders));
+            Assert.Equal("fail\n" + run.Token + "\nboom", run.Published, "the late event");
+            Messages(run.After, "the word again, under the flight's token and B's, and no abandon", "fail\n" + run.Token + "\nboom", "fail\nb-holder\nboom");
+            Assert.Equal(1, run.Starts, "start called once, not again after the re-take");
+            Assert.Equal(3, run.Lookups, "three lookups: the first take, the one that finds B, the re-take");
+            Assert.Equal(null, run.Lock, "lock deleted");
+        }
+
+        /// <summary>
+        /// [E1a], [X4]: at a re-take of its own lock, a value in the takeover
+        /// check decides before a late fail under the flight's token, though
+        /// the fail came first: the value is the answer, the lock goes with
+        /// its linger and no event, and start is not called again. C# acted
+        /// on the fail as it read it.
+        /// </summary>
+        [Test]
+        static void External_ValueInTheOwnRetakeCheckDecidesBeforeALateFail()
+        {
+            var run = ExternalRetakeHearing("vc", "fail", valueToo: true);
+            Assert.True(run.Err == null, "no error: " + run.Err);
+            Assert.Equal("from the check", S(run.Val), "the value");
+            Assert.Equal(1, run.Starts, "start called once");
+            Assert.Equal("fail\n" + run.Token + "\nproducer broke late", run.Published, "the late event");
+            Assert.True(run.Lock == null || run.Lock == "done:" + run.Token, "lock released with its linger: " + run.Lock);
+            Messages(run.After, "no event after");
+        }
+
+        /// <summary>What ExternalOneRead saw.</summary>
+        sealed class OneReadRun
+        {
+            public Exception Err;
+            public byte[] Val;
+            public int Starts;
+            public string Token, Lock;
+            public List<string> Events; // on the events channel, from the first start on
+            public TimeSpan Took;
+        }
+
+        /// <summary>
+        /// [E1a]: GetExternal (lock TTL lockTtl) whose first start publishes
+        /// events (each a format of the flight's token) on the events
+        /// channel, having deleted the lock first with deleteLock (as a
+        /// Delete elsewhere would), and returns once the flight's subscriber
+        /// has them all: the wait after start reads them in one read. A
+        /// second start publishes a value, so that a flight that starts
+        /// again still ends. With callerLeaves, the caller gives up (its
+        /// timeout) while the first start runs, before anything is published.
+        /// With storeValue, a value is stored (not published) before them.
+        /// </summary>
+        static OneReadRun ExternalOneRead(string id, TimeSpan lockTtl, bool deleteLock, bool callerLeaves, bool storeValue, params string[] events)
+        {
+            using (var srv = new RedisServer())
+            using (var rdb = new SpyTransport(srv.Url()))
+            using (var c = new MemoLock(rdb, "t", lockTtl))
+            using (var left = new ManualResetEvent(false))
+            {
+                var run = new OneReadRun();
+                var listener = RespConnection.Open(srv.Url(), 5000);
+                try
+                {
+                    listener.Call("SUBSCRIBE", "t/lock-event:" + id);
+                    var sw = Stopwatch.StartNew();
+                    var call = new Call(() => c.GetExternal(id, l =>
+                    {
+                        if (Interlocked.Increment(ref run.Starts) != 1)
+                        {
+                            srv.Call("SET", "t:" + id, "second");
+                            srv.Call("PUBLISH", "t/notif:" + id, "second");
+                            return;
+                        }
+                        Volatile.Write(ref run.Token, l.Token);
+                        if (callerLeaves) Assert.True(left.WaitOne(20000), "the caller left");
+                        int before = Volatile.Read(ref rdb.Messages);
+                        if (deleteLock) srv.Call("DEL", "t/lock:" + id);
+                        if (storeValue) srv.Call("SET", "t:" + id, "stored elsewhere", "PX", "60000");
+                        foreach (var e in events) srv.Call("PUBLISH", "t/lock-event:" + id, string.Format(e, l.Token));
+                        Assert.Eventually(() => Volatile.Read(ref rdb.Messages) >= before + events.Length, 20, "the events reached the subscriber");
+                    }, callerLeaves ? TimeSpan.FromSeconds(2) : lockTtl + lockTtl + TimeSpan.FromSeconds(10)));
+                    call.Join();
+                    run.Val = call.Val;
+                    run.Err = call.Err;
+                    if (callerLeaves) left.Set();
+                    else
+                    {
+                        run.Took = sw.Elapsed;
+                        run.Lock = S((byte[])srv.Call("GET", "t/lock:" + id)); // at once: a linger lasts 1 s
+                    }
+                    // Those of a flight whose caller left come after it returned.
+                    run.Events = MessagesUntilQuiet(listener, 15000);
+                    if (callerLeaves) run.Lock = S((byte[])srv.Call("GET", "t/lock:" + id));
+                    return run;
+                }
+                finally { listener.Dispose(); }
+            }
+        }
+
+        /// <summary>
+        /// [E1a]: the winner waits on its own lock after start when one read
+        /// brings abandon and then fail under its token (a Delete elsewhere
+        /// deleted the lock and published abandon; then the producer
+        /// failed). The abandon sends the flight to look again, and the fail,
+        /// kept from the same read, ends it at the re-take: the producer's
+        /// failure, start called once, the lock deleted publishing the fail
+        /// again under the flight's token. C# kept a word from such a read
+        /// only while it waited on another holder: the fail was lost, and
+        /// start ran again.
+        /// </summary>
+        [Test]
+        static void External_AbandonThenFailInOneReadFailsAndStartsOnce()
+        {
+            var run = ExternalOneRead("af", TimeSpan.FromSeconds(30), true, false, false, "abandon\n{0}\n", "fail\n{0}\ngave up");
+            Assert.True(run.Err is HolderFailedException, "the producer's failure: " + run.Err);
+            Assert.Equal("gave up", ((HolderFailedException)run.Err).HolderMessage, "message");
+            Assert.Equal(1, run.Starts, "start called once");
+            Messages(run.Events, "the events, then the fail again and no abandon",
+                "abandon\n" + run.Token + "\n", "fail\n" + run.Token + "\ngave up", "fail\n" + run.Token + "\ngave up");
+            Assert.Equal(null, run.Lock, "lock deleted");
+            Assert.True(run.Took < TimeSpan.FromSeconds(15), "promptly, not after the 30 s lock TTL: " + run.Took);
+        }
+
+        /// <summary>
+        /// [E1a]: as above, the caller having left while start ran: the kept
+        /// fail, acted on at the re-take, comes before [E4]'s abandon for a
+        /// flight nobody waits for. C# lost the fail; with it kept, it
+        /// retired the flight first and published abandon.
+        /// </summary>
+        [Test]
+        static void External_AbandonThenFailInOneReadAfterTheCallerLeftIsPublishedNotAbandoned()
+        {
+            var run = ExternalOneRead("al", TimeSpan.FromSeconds(30), true, true, false, "abandon\n{0}\n", "fail\n{0}\ngave up");
+            Assert.True(run.Err is MemoLockTimeoutException, "the caller left: " + run.Err);
+            Assert.Equal(1, run.Starts, "start called once");
+            Messages(run.Events, "the events, then the fail again and no abandon",
+                "abandon\n" + run.Token + "\n", "fail\n" + run.Token + "\ngave up", "fail\n" + run.Token + "\ngave up");
+            Assert.Equal(null, run.Lock, "lock deleted");
+        }
+
+        /// <summary>
+        /// [E1a]: one read brings an event of a kind the flight does not know
+        /// (progress), then its producer's fail, while its lock still holds.
+        /// The unknown kind sends it to look again ([W5]); the lookup finds
+        /// the lock still its own, and the kept fail ends the flight at once,
+        /// not once the lock expires (8 s): the producer's failure, the lock
+        /// deleted publishing the fail again. C# lost the fail, and with it
+        /// kept would have waited out the lock TTL.
+        /// </summary>
+        [Test]
+        static void External_ProgressThenFailWithTheLockStillHeldFailsPromptly()
+        {
+            var ttl = TimeSpan.FromSeconds(8);
+            var run = ExternalOneRead("pf", ttl, false, false, false, "progress\n{0}\nhalf way", "fail\n{0}\nbroke");
+            Assert.True(run.Err is HolderFailedException, "the producer's failure: " + run.Err);
+            Assert.Equal("broke", ((HolderFailedException)run.Err).HolderMessage, "message");
+            Assert.Equal(1, run.Starts, "start called once");
+            Assert.True(run.Took < TimeSpan.FromTicks(ttl.Ticks / 2), "promptly, well within the lock TTL: " + run.Took);
+            Messages(run.Events, "the events, then the fail again",
+                "progress\n" + run.Token + "\nhalf way", "fail\n" + run.Token + "\nbroke", "fail\n" + run.Token + "\nbroke");
+            Assert.Equal(null, run.Lock, "lock deleted");
         }
 
         /// <summary>
