@@ -322,7 +322,7 @@ namespace MemoLockNet
                 }
                 if (kind == Tokens.EventNotFound)
                 {
-                    Value(null); // ends the wait as a value would
+                    if (own) Release(new byte[0]); // as for fail, [E3]: no event, no linger
                     n = Next.Fail(FlightEngine.NotFoundFor(f));
                     return true;
                 }
@@ -346,11 +346,12 @@ namespace MemoLockNet
             return Next.Value(v);
         }
 
+        /// <summary>Counts a takeover, and notes whom from for [X5]'s relay; a re-take of the flight's own lock is none ([E1a]).</summary>
         public void Takeover()
         {
-            if (!waited) return;
+            if (!waited || holder == null || holder == f.Token) return;
             Interlocked.Increment(ref c.Takeovers);
-            if (holder != null && holder != f.Token) f.TookOverFrom = holder;
+            f.TookOverFrom = holder;
         }
 
         void Release(byte[] evt)

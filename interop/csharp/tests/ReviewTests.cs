@@ -982,6 +982,9 @@ namespace MemoLockTests
             Assert.Equal("abandon\n" + run.Token + "\n", run.Published, "the late event");
             Assert.True(run.Lock == null || run.Lock.StartsWith("done:", StringComparison.Ordinal), "lock released with its linger: " + run.Lock);
             Messages(run.After, "no event after");
+            // [E1a]: a re-take of its own lock is not a takeover, though it
+            // waited (on itself) and starts again. C# counted one.
+            Assert.Equal(0L, run.Takeovers, "takeovers");
         }
 
         /// <summary>
@@ -1386,6 +1389,25 @@ namespace MemoLockTests
             Messages(run.Events, "the events, then the fail again",
                 "progress\n" + run.Token + "\nhalf way", "fail\n" + run.Token + "\nbroke", "fail\n" + run.Token + "\nbroke");
             Assert.Equal(null, run.Lock, "lock deleted");
+        }
+
+        /// <summary>
+        /// [E3]: the producer's notfound, heard while the winner holds its
+        /// lock after start, ends the flight with "not found", and the lock
+        /// goes with no event and no linger, even with a value in place
+        /// (stored elsewhere meanwhile). C# released it with the 1 s linger
+        /// of a value (done:&lt;token&gt;; with no value, the release script
+        /// deletes a lingering lock at once).
+        /// </summary>
+        [Test]
+        static void External_ProducerNotFoundAfterStartReleasesWithNoLinger()
+        {
+            var run = ExternalOneRead("nf", TimeSpan.FromSeconds(30), false, false, true, "notfound\n{0}\n");
+            Assert.True(run.Err is NotFoundException, "not found: " + run.Err);
+            Assert.Equal(1, run.Starts, "start called once");
+            Assert.Equal(null, run.Lock, "lock deleted, not lingering");
+            Messages(run.Events, "the producer's event, and no event of the release", "notfound\n" + run.Token + "\n");
+            Assert.True(run.Took < TimeSpan.FromSeconds(15), "promptly: " + run.Took);
         }
 
         /// <summary>
