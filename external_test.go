@@ -409,7 +409,7 @@ func TestGetExternal_LateWordDeliveredJustBeforeStartAgain(t *testing.T) {
 	var token atomic.Value
 	var sent atomic.Bool
 	logger := slog.New(onLog(func(msg string) {
-		if strings.Contains(msg, "starting the work again") && !sent.Swap(true) {
+		if strings.Contains(msg, "its lock is taken again") && !sent.Swap(true) {
 			// On the flight's goroutine, after the takeover check, before
 			// it starts: the word is delivered meanwhile.
 			raw.Publish(bg(), "lateready/lock-event:a", "fail\n"+token.Load().(string)+"\ngave up late")
@@ -683,4 +683,121 @@ func TestGetExternal_TakeoverCheckHoldersValueBeforeALateFailure(t *testing.T) {
 	if n := starts.Load(); n != 1 {
 		t.Errorf("start ran %d times", n)
 	}
+}
+
+// At a re-take of its own lock, the takeover check lets a value decide
+// before its earlier producer's late word, wherever each comes in what the
+// check reads (PROTOCOL.md [E1a]: "at a re-take of its own lock ([X4]), a
+// value"), as Python and C# do.
+func TestGetExternal_OwnRetakeValueDecidesBeforeAWordReadFirstInTheCheck(t *testing.T) {
+	b := realBackend(t)
+	raw := rawClient(t, b.addr)
+	tag := "rv-ownvalfirst"
+	c := newTestClient(t, b.addr, tag, &Options{LockTTL: time.Second})
+	var starts atomic.Int64
+	var token atomic.Value
+	var published atomic.Bool
+	c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
+		if isLookup(cmd, tag+":a") && starts.Load() == 1 && !published.Swap(true) {
+			// The lookup after the lock expired, sent after the earlier
+			// producer's late failure and then a value (published only).
+			raw.Publish(bg(), tag+"/lock-event:a", "fail\n"+token.Load().(string)+"\ngave up late")
+			raw.Publish(bg(), tag+"/notif:a", "late value")
+		}
+	}))
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	v, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
+		token.Store(l.Token())
+		starts.Add(1)
+		return nil
+	})
+	if !published.Load() {
+		t.Fatal("the lookup after the lock expired was never sent")
+	}
+	if n := starts.Load(); n != 1 {
+		t.Errorf("start ran %d times", n)
+	}
+	if err != nil || string(v) != "late value" {
+		t.Errorf("GetExternal = %q, %v, want the value, which decides before the word in the own re-take's check", v, err)
+	}
+}
+
+// A flight that takes its own expired lock again and then, while it gets
+// live, receives its earlier producer's value never starts again: its wait
+// is recorded as one that got a value, not as one that got nothing (result
+// "none", as for a lock taken over to compute).
+func TestGetExternal_ValueWhileGettingLiveAtARetakeIsNoWaitForNothing(t *testing.T) {
+	b := realBackend(t)
+	raw := rawClient(t, b.addr)
+	tag := "rv-livevalue"
+	mp, reader := newReader(t)
+	c := pingGatedClient(t, b.addr, tag, &Options{LockTTL: time.Second, MeterProvider: mp})
+	var starts atomic.Int64
+	var published atomic.Bool
+	c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
+		if isLookup(cmd, tag+":a") && starts.Load() == 1 && !published.Swap(true) {
+			raw.Publish(bg(), tag+"/notif:a", "late value")
+		}
+	}))
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	v, err := c.GetExternal(ctx, "a", func(context.Context, *Lease) error {
+		starts.Add(1)
+		return nil
+	})
+	if err != nil || string(v) != "late value" {
+		t.Fatalf("GetExternal = %q, %v, want the earlier producer's value", v, err)
+	}
+	if n := starts.Load(); n != 1 {
+		t.Fatalf("start ran %d times", n)
+	}
+	rm := collect(t, reader, tag)
+	if n := histCount(rm, "memolock.wait.duration", attr("result", "none")); n != 0 {
+		t.Errorf("wait.duration result=none: %d, want 0: the wait ended with a value, nothing was started again", n)
+	}
+	if n := histCount(rm, "memolock.wait.duration", attr("result", "value")); n != 1 {
+		t.Errorf("wait.duration result=value: %d, want 1", n)
+	}
+}
+
+// A winner that took the lock over after waiting on another holder H,
+// and then acts on its producer's word kept from a read that sent it to
+// look again (the lookup finding the lock still its own), publishes the
+// word again under its own token and under H's ([E1a]: "If the winner took
+// the lock over after waiting on another holder H, it SHOULD also publish
+// the word under H's token"), as Python does: H is the holder it took over
+// from, not the one it waited on last (by then its own token).
+func TestGetExternal_WordActedOnWithTheLockStillOursAfterATakeoverIsSaidUnderTheOldHolder(t *testing.T) {
+	b := realBackend(t)
+	raw := rawClient(t, b.addr)
+	tag := "rv-stilloursrelay"
+	c := newTestClient(t, b.addr, tag, &Options{LockTTL: 3 * time.Second})
+	if err := raw.Set(bg(), tag+"/lock:a", "other", 500*time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	events := subscribeTo(t, raw, tag+"/lock-event:a")
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	var token atomic.Value
+	_, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
+		token.Store(l.Token())
+		pipe := raw.TxPipeline()
+		pipe.Publish(bg(), tag+"/lock-event:a", "progress\n"+l.Token()+"\n")
+		pipe.Publish(bg(), tag+"/lock-event:a", "fail\n"+l.Token()+"\ngave up late")
+		if _, err := pipe.Exec(bg()); err != nil {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+		return nil
+	})
+	wantLateWord(t, "fail", err)
+	if n := c.Stats().Takeovers; n != 1 {
+		t.Fatalf("Stats.Takeovers = %d, want 1 (the lock taken over from the other holder)", n)
+	}
+	eventually(t, 5*time.Second, "the lock to go", func() bool { return raw.Exists(bg(), tag+"/lock:a").Val() == 0 })
+	time.Sleep(100 * time.Millisecond)
+	raw.Publish(bg(), tag+"/lock-event:a", "end of test")
+	tok := token.Load().(string)
+	wantEvents(t, eventsUntilEnd(events), "progress\n"+tok+"\n", "fail\n"+tok+"\ngave up late", lateWord("fail", tok), lateWord("fail", "other"))
 }

@@ -131,6 +131,7 @@ func (p *pursuit) found(r wire.Reply) ([]byte, error) {
 func (p *pursuit) compute(pttl time.Duration) ([]byte, error) {
 	p.e.flights.offer(p.f, nil) // ours to compute now: a copy seen before may be gone
 	p.takeover()
+	p.recordWait(gotNothing)
 	p.end() // our own value needs no notification
 	p.served = ServedComputed
 	return p.e.hold(p, pttl)
@@ -160,6 +161,9 @@ func (p *pursuit) startExternal() (next, bool) {
 	if e.flights.retire(f) {
 		return next{err: errAbandoned}, true
 	}
+	// The wait got nothing after all: the work starts (again). Until now
+	// a value, or its producer's word, could still end it.
+	p.recordWait(gotNothing)
 	p.started = true
 	if err := e.startExternal(p); err != nil {
 		p.own = false // startExternal released it
@@ -304,14 +308,27 @@ func (p *pursuit) ownLateEnd(payload string) (next, bool) {
 		return next{}, false
 	}
 	p.release(event(f.token))
-	if p.waited && p.holder != "" && p.holder != f.token {
-		e.publish(f, event(p.holder))
+	if h := p.previousHolder(); h != "" {
+		e.publish(f, event(h))
 	}
 	if kind == wire.EventFail {
 		return p.onFail(text), true // the lock is gone: onFail releases nothing
 	}
 	p.served = ServedComputed // the answer of the work it started
 	return next{err: e.notFoundErr(f.id)}, true
+}
+
+// previousHolder is the holder whose lock the flight took over after
+// waiting on it, whose waiters ownLateEnd tells too: the one takeover
+// named, or, before takeover runs, the one waited on (none: "").
+func (p *pursuit) previousHolder() string {
+	switch {
+	case p.tookOverFrom != "":
+		return p.tookOverFrom
+	case p.waited && p.holder != p.f.token:
+		return p.holder
+	}
+	return ""
 }
 
 // keepLate keeps, for ownLateEnd, the first failure or "not found" that the

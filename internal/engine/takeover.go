@@ -81,22 +81,16 @@ func (p *pursuit) onTakeoverEvents(ev pubsub.Events) (n next, decided, synced bo
 			return next{val: []byte(m.Payload)}, true, false
 		}
 		kind, token, text := wire.ParseEvent(m.Payload)
-		if token == f.token && token != p.holder {
-			// External mode: its earlier producer's, late, while it took
-			// the lock over from another holder, whose word comes first;
-			// acted on before start if nothing else decides ([E1]).
+		if token == f.token {
+			// External mode: its earlier producer's late word. The holder
+			// waited on decides first (another holder's word, or at a
+			// re-take of its own lock a value, wherever either comes in
+			// this read); start acts on the word kept if nothing else
+			// decides ([E1a]).
 			p.keepLate(m.Payload)
 			continue
 		}
 		if token != p.holder {
-			continue
-		}
-		if token == f.token {
-			// External mode, its own lock taken again: its earlier
-			// producer's late failure or "not found" ([E1a]).
-			if n, decided := p.ownLateEnd(m.Payload); decided {
-				return n, true, false
-			}
 			continue
 		}
 		switch kind {

@@ -280,10 +280,9 @@ func (p *pursuit) takeover() {
 	if p.holder == p.f.token {
 		// External mode: its own lock, taken again after its producer
 		// went silent. Nobody else's waiters to tell of a failure.
-		e.log.Info("memolock: an external producer went silent; starting the work again",
+		e.log.Info("memolock: an external producer went silent; its lock is taken again",
 			"tag", e.keys.Tag(), "id", p.f.id)
 		p.f.endClaim()
-		p.recordWait(gotNothing)
 		return
 	}
 	p.tookOverFrom = p.holder
@@ -291,7 +290,6 @@ func (p *pursuit) takeover() {
 	e.log.Info("memolock: took over a lock whose holder went silent",
 		"tag", e.keys.Tag(), "id", p.f.id, "previous_holder", p.holder)
 	p.f.endClaim() // it covered the wait: the fetch gets a span of its own
-	p.recordWait(gotNothing)
 }
 
 // recordWait records how long the flight waited, once, with what it got.
