@@ -354,7 +354,11 @@ class Core:
             if r.kind == P.HIT:
                 return (yield from self.got_value(f, r.value))
             if r.kind == P.NOT_FOUND:
-                yield from self.got_value(f, None)  # ends the wait as a value would (external mode: our lock goes)
+                if w.own:
+                    # External mode: our lock goes first, with no linger
+                    # ([L4]): nothing of ours was stored to keep it for.
+                    w.own = False
+                    yield from self.release(f, P.abandon_event(f.token))
                 raise not_found_error(f)
             if r.kind == P.LOCKED and f.start is not None and w.own and r.pttl >= 0:
                 # External mode: our own lock, taken earlier; the work goes on
@@ -659,7 +663,8 @@ class Core:
         published before a subscription takes effect is lost). A flight
         that took the lock over is live already. Returns (True, value) if a
         value came meanwhile (the lock released with the linger, [E2]), else
-        (False, None): call start. A refused subscription, close or every
+        (False, None): call start. A flight live already reads once what
+        its subscription delivered. A refused subscription, close or every
         caller leaving raise (end() releases the lock with abandon). Past a
         third of the lock TTL it gives up waiting: the wait after start
         looks again once live ([W11]). A fail or notfound event under the
@@ -668,8 +673,10 @@ class Core:
         (act_on_late, [E1a]). Other events taken here are kept for the wait
         after start, which acts on them as on anything else."""
         w = f.wait
-        if w.watch is not None and w.live:
-            return False, None
+        # Live already (it took the lock over after a wait): one read of
+        # what the subscription delivered, then start ([E1a]: a late word
+        # delivered since the check is acted on before start again).
+        live = w.watch is not None and w.live
         notif = self.keys.notif(f.key)
         if w.watch is None:
             w.watch = yield Watch(notif, self.keys.events(f.key))
@@ -684,7 +691,7 @@ class Core:
                 w.pending.append((ch, payload))
                 self.note_late(f, [(ch, payload)])
                 yield from self.act_on_late(f)
-            if ev.live:
+            if live or ev.live:
                 # Its marker is back (the reread, taken here, needs no
                 # lookup: the lock is ours and nobody else publishes yet).
                 return False, None

@@ -741,7 +741,9 @@ def test_external_own_retake_with_nothing_from_its_producer_starts_again(c, cloc
     own_retake_check(run, f, clock)
     p = payload(f)
     run.send(events([(b"t/lock-event:k", p)] if p else [], reread=True))
-    assert run.expect(core.Start).flight is f  # live already: no wait to be live
+    run.expect(core.Take)  # live already: one read of what came since, no wait to be live
+    run.send(events())
+    assert run.expect(core.Start).flight is f
     assert c.callbacks == 2
 
 
@@ -1135,11 +1137,14 @@ def test_external_mode_takeover_fails_without_starting(c):
 
 def test_external_mode_takeover_is_live_already(c):
     # A genuine takeover: the subscription it waited with was live at the
-    # marker round trip, so start runs at once, and no lookup follows it.
+    # marker round trip, so start runs after one read of what came since
+    # ([E1a]), with no wait to be live, and no lookup follows it.
     f = flight(c, start=lambda lease: None)
     run = Run(c.pursue(f))
     until_takeover(c, f, run)
     run.send(events(reread=True))
+    run.expect(core.Take)
+    run.send(events())
     run.expect(core.Start)
     run.send()
     run.expect(core.Take)
@@ -1165,3 +1170,36 @@ def test_own_verdict():
     assert core.own_verdict([(ev, b"stale\n" + own + b"\n"), (ev, b"notfound\n" + own + b"\n"),
                              (ev, b"fail\n" + own + b"\nx")], own) == ("notfound", b"")
     assert core.own_verdict([(ev, b"fail\n" + own + b"\nx")], own) == ("fail", b"x")
+
+
+@pytest.mark.parametrize("kind", ["fail", "notfound"])
+def test_external_own_retake_reads_what_was_delivered_before_it_starts_again(c, clock, kind):
+    # [E1a]: "Before calling start again, a winner that is already live
+    # SHOULD first read what its subscription has already delivered", as Go
+    # (goLive) and C# (EndedBeforeStart) do: a word delivered after the
+    # check's marker stops the second start.
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    own_retake_check(run, f, clock)
+    run.send(events(reread=True))  # the marker is back: nothing from the first producer
+    run.expect(core.Take)  # what the subscription delivered since, before Start
+    run.send(events([late(kind, f)]))
+    ends_as_its_producer_said(run, f, c, kind)
+
+
+def test_external_own_lock_released_with_no_linger_on_a_pttl_reply(c):
+    # A lookup that answers {pttl} ([L4]) while the winner holds its own
+    # lock releases it with no linger ([L4]: "A winner in external mode
+    # that holds its own lock MUST release it first (release, any event, no
+    # linger)"), not with a value's 1000 ms, as Go does (abandon).
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    until_external_live(run, f)
+    run.send()  # start returned
+    run.expect(core.Take)
+    run.send(events([progress(f)]))  # an unknown kind: look again
+    run.expect(core.Script, "acquire")
+    run.send([5000])  # a cached "not found"
+    op = run.expect(core.Script, "release")
+    assert op.args[0] == f.token
+    assert op.args[3] == 0, f"released with linger {op.args[3]} ms"
