@@ -145,7 +145,7 @@ namespace MemoLockNet
                 if (r.Kind == ReplyKind.Hit) return w.Value(r.Value);
                 if (r.Kind == ReplyKind.NotFound)
                 {
-                    w.Value(null); // ends the wait as a value would (external mode: our lock goes)
+                    w.NotFound(); // external mode: our lock goes first, with no linger ([L4])
                     return Next.Fail(NotFoundFor(f));
                 }
                 if (r.Kind == ReplyKind.Locked && f.Start == null)

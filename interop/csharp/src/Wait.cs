@@ -346,6 +346,19 @@ namespace MemoLockNet
             return Next.Value(v);
         }
 
+        /// <summary>
+        /// [L4]: a lookup found a cached "not found". A lock of the flight's
+        /// own (external mode) goes first, with an abandon event and no
+        /// linger: nothing of ours was stored for it to guard (a value's
+        /// linger, as Value gives, would keep it as done:&lt;token&gt; for up to
+        /// a second over a value stored elsewhere meanwhile, and publish
+        /// nothing).
+        /// </summary>
+        public void NotFound()
+        {
+            if (own) Release(Tokens.AbandonEvent(f.Token));
+        }
+
         /// <summary>Counts a takeover, and notes whom from for [X5]'s relay; a re-take of the flight's own lock is none ([E1a]).</summary>
         public void Takeover()
         {

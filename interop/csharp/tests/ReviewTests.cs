@@ -26,6 +26,8 @@ namespace MemoLockTests
         public readonly List<long> LookupTimes = new List<long>();
         /// <summary>Runs before each lookup goes out, with its number (1 for the first).</summary>
         public Action<int> BeforeLookup;
+        /// <summary>Runs after each lookup's reply came, with its number and the reply, before memolock reads it.</summary>
+        public Action<int, object> AfterLookup;
         /// <summary>PINGs sent on its pub/sub connections (markers and probes).</summary>
         public int Pings;
         /// <summary>When set, a message received is handed on only once this holds (or after 10 s).</summary>
@@ -49,7 +51,12 @@ namespace MemoLockTests
                 if (hook != null) hook(n);
             }
             var r = Inner.Eval(script, sha1, keys, args);
-            if (sha1 == Scripts.Acquire.Sha1) Interlocked.Increment(ref Lookups);
+            if (sha1 == Scripts.Acquire.Sha1)
+            {
+                int n = Interlocked.Increment(ref Lookups);
+                var hook = AfterLookup;
+                if (hook != null) hook(n, r);
+            }
             return r;
         }
 
@@ -1408,6 +1415,63 @@ namespace MemoLockTests
             Assert.Equal(null, run.Lock, "lock deleted, not lingering");
             Messages(run.Events, "the producer's event, and no event of the release", "notfound\n" + run.Token + "\n");
             Assert.True(run.Took < TimeSpan.FromSeconds(15), "promptly: " + run.Took);
+        }
+
+        /// <summary>
+        /// [L4]: the winner waits on its own lock after start; an event of a
+        /// kind it does not know (progress) sends it to look again ([W5]),
+        /// and the lookup finds a cached "not found" (the marker set while
+        /// start ran). The flight ends with "not found", and its lock goes
+        /// first with an abandon event and no linger, even when a value was
+        /// stored elsewhere between the lookup and the release. C# released
+        /// it as for a value: no event, and the 1 s linger, which left the
+        /// lock as done:&lt;token&gt; over that value.
+        /// </summary>
+        [Test]
+        static void External_CachedNotFoundWithTheLockStillOursReleasesWithAbandonAndNoLinger()
+        {
+            const string id = "cn";
+            using (var srv = new RedisServer())
+            using (var rdb = new SpyTransport(srv.Url()))
+            using (var c = new MemoLock(rdb, "t", TimeSpan.FromSeconds(30)))
+            {
+                var listener = RespConnection.Open(srv.Url(), 5000);
+                try
+                {
+                    listener.Call("SUBSCRIBE", "t/lock-event:" + id);
+                    int pttlReplies = 0;
+                    rdb.AfterLookup = (n, r) =>
+                    {
+                        var a = r as object[];
+                        if (a == null || a.Length != 1) return;
+                        Interlocked.Increment(ref pttlReplies);
+                        srv.Call("SET", "t:" + id, "stored elsewhere", "PX", "60000");
+                    };
+                    string token = null;
+                    int starts = 0;
+                    var sw = Stopwatch.StartNew();
+                    var call = new Call(() => c.GetExternal(id, l =>
+                    {
+                        Interlocked.Increment(ref starts);
+                        Volatile.Write(ref token, l.Token);
+                        int before = Volatile.Read(ref rdb.Messages);
+                        srv.Call("SET", "t/lock-notfound:" + id, "", "PX", "60000");
+                        srv.Call("PUBLISH", "t/lock-event:" + id, "progress\n" + l.Token + "\n");
+                        Assert.Eventually(() => Volatile.Read(ref rdb.Messages) >= before + 1, 20, "the event reached the subscriber");
+                    }, TimeSpan.FromSeconds(20)));
+                    call.Join();
+                    var took = sw.Elapsed;
+                    var lk = S((byte[])srv.Call("GET", "t/lock:" + id)); // at once: a linger lasts 1 s
+                    Assert.True(call.Err is NotFoundException, "not found: " + call.Err);
+                    Assert.Equal(1, starts, "start called once");
+                    Assert.Equal(1, Volatile.Read(ref pttlReplies), "one {pttl} reply");
+                    Assert.Equal(null, lk, "lock deleted, not lingering");
+                    Messages(MessagesUntilQuiet(listener, 5000), "the producer's event, then the release's abandon",
+                        "progress\n" + token + "\n", "abandon\n" + token + "\n");
+                    Assert.True(took < TimeSpan.FromSeconds(15), "promptly, not after the 30 s lock TTL: " + took);
+                }
+                finally { listener.Dispose(); }
+            }
         }
 
         /// <summary>
