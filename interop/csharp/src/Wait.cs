@@ -275,8 +275,12 @@ namespace MemoLockNet
                 n = Next.Fail(FlightEngine.NotFoundFor(f));
             }
             Release(word(f.Token));
-            if (waited && holder != null && holder != f.Token)
-                try { c.Proto.Event(f.Key, word(holder)); }
+            // The holder taken over from (Takeover), or, before Takeover ran,
+            // the one waited on. Once a lookup found the lock still ours,
+            // holder is our own token: H is known only from TookOverFrom.
+            string h = f.TookOverFrom ?? (waited && holder != null && holder != f.Token ? holder : null);
+            if (h != null)
+                try { c.Proto.Event(f.Key, word(h)); }
                 catch (Exception) { } // as a release's: their timers still end their wait
             return true;
         }

@@ -1475,6 +1475,60 @@ namespace MemoLockTests
         }
 
         /// <summary>
+        /// [E1a]: the winner takes the lock over from "other" (500 ms left)
+        /// after waiting on it; its producer publishes, in one MULTI,
+        /// progress and then fail under the flight's token, while start
+        /// still runs. The progress sends the flight to look again, the
+        /// lookup finds the lock still its own, and the kept fail ends it:
+        /// published again under its token, and under "other"'s, whose
+        /// waiters may still wait on it. C# relayed to the holder waited
+        /// on only while that was not the flight itself: once the lookup
+        /// found the lock its own, the holder taken over from was skipped.
+        /// The Go test of the same name is the model.
+        /// </summary>
+        [Test]
+        static void External_WordActedOnWithTheLockStillOursAfterATakeoverIsSaidUnderTheOldHolder()
+        {
+            const string id = "so";
+            using (var srv = new RedisServer())
+            using (var rdb = srv.Transport())
+            using (var c = new MemoLock(rdb, "t", TimeSpan.FromSeconds(3)))
+            {
+                srv.Call("SET", "t/lock:" + id, "other", "PX", "500");
+                var listener = RespConnection.Open(srv.Url(), 5000);
+                try
+                {
+                    listener.Call("SUBSCRIBE", "t/lock-event:" + id);
+                    string token = null;
+                    int starts = 0;
+                    var call = new Call(() => c.GetExternal(id, l =>
+                    {
+                        Interlocked.Increment(ref starts);
+                        Volatile.Write(ref token, l.Token);
+                        using (var tx = RespConnection.Open(srv.Url(), 5000))
+                        {
+                            tx.Call("MULTI");
+                            tx.Call("PUBLISH", "t/lock-event:" + id, "progress\n" + l.Token + "\n");
+                            tx.Call("PUBLISH", "t/lock-event:" + id, "fail\n" + l.Token + "\ngave up late");
+                            tx.Call("EXEC");
+                        }
+                        Thread.Sleep(200);
+                    }, TimeSpan.FromSeconds(20)));
+                    call.Join();
+                    Assert.True(call.Err is HolderFailedException, "the producer's failure: " + call.Err);
+                    Assert.Equal("gave up late", ((HolderFailedException)call.Err).HolderMessage, "message");
+                    Assert.Equal(1, starts, "start called once");
+                    Assert.Equal(1L, c.Takeovers, "takeovers (the lock taken over from the other holder)");
+                    Assert.Eventually(() => srv.Call("GET", "t/lock:" + id) == null, 5, "the lock to go");
+                    Messages(MessagesUntilQuiet(listener, 5000), "the events, the fail again, and the fail under the old holder",
+                        "progress\n" + token + "\n", "fail\n" + token + "\ngave up late",
+                        "fail\n" + token + "\ngave up late", "fail\nother\ngave up late");
+                }
+                finally { listener.Dispose(); }
+            }
+        }
+
+        /// <summary>
         /// A reply that does not match, in order, what was sent (a client
         /// library that resubscribed by itself would show one) replaces the
         /// connection, and the wait still re-reads and gets its value.
