@@ -319,16 +319,15 @@ func (p *pursuit) ownLateEnd(payload string) (next, bool) {
 }
 
 // previousHolder is the holder whose lock the flight took over after
-// waiting on it, whose waiters ownLateEnd tells too: the one takeover
-// named, or, before takeover runs, the one waited on (none: "").
+// waiting on it, whose waiters ownLateEnd tells too: the other holder last
+// waited on, whose lock it just took (takeover having run or not), or, once
+// a lookup found the lock still its own (the holder is then its own
+// token), the one it took over from (none: "").
 func (p *pursuit) previousHolder() string {
-	switch {
-	case p.tookOverFrom != "":
-		return p.tookOverFrom
-	case p.waited && p.holder != p.f.token:
+	if p.waited && p.holder != "" && p.holder != p.f.token {
 		return p.holder
 	}
-	return ""
+	return p.tookOverFrom
 }
 
 // keepLate keeps, for ownLateEnd, the first failure or "not found" that the

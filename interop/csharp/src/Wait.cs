@@ -275,10 +275,11 @@ namespace MemoLockNet
                 n = Next.Fail(FlightEngine.NotFoundFor(f));
             }
             Release(word(f.Token));
-            // The holder taken over from (Takeover), or, before Takeover ran,
-            // the one waited on. Once a lookup found the lock still ours,
-            // holder is our own token: H is known only from TookOverFrom.
-            string h = f.TookOverFrom ?? (waited && holder != null && holder != f.Token ? holder : null);
+            // The other holder last waited on (whose lock the flight just
+            // took, Takeover having run or not); once a lookup found the
+            // lock still ours, holder is our own token, and H is the one
+            // the flight took over from (TookOverFrom).
+            string h = waited && holder != null && holder != f.Token ? holder : f.TookOverFrom;
             if (h != null)
                 try { c.Proto.Event(f.Key, word(h)); }
                 catch (Exception) { } // as a release's: their timers still end their wait
