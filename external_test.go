@@ -801,3 +801,45 @@ func TestGetExternal_WordActedOnWithTheLockStillOursAfterATakeoverIsSaidUnderThe
 	tok := token.Load().(string)
 	wantEvents(t, eventsUntilEnd(events), "progress\n"+tok+"\n", "fail\n"+tok+"\ngave up late", lateWord("fail", tok), lateWord("fail", "other"))
 }
+
+// A lookup that finds a cached "not found" ({pttl}) while an external
+// winner holds its own lock ends the flight with ErrNotFound, and the lock
+// goes first, with abandon and no linger (PROTOCOL.md [L4]): nothing of
+// the flight's was stored to keep it for.
+func TestGetExternal_CachedNotFoundWithTheLockStillOursReleasesWithNoLinger(t *testing.T) {
+	b := realBackend(t)
+	raw := rawClient(t, b.addr)
+	tag := "ownpttl"
+	c := newTestClient(t, b.addr, tag, &Options{LockTTL: 30 * time.Second})
+	events := subscribeTo(t, raw, tag+"/lock-event:a")
+	var token atomic.Value
+	var starts atomic.Int64
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	began := time.Now()
+	_, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
+		starts.Add(1)
+		token.Store(l.Token())
+		if err := raw.Set(bg(), tag+"/lock-notfound:a", "", time.Minute).Err(); err != nil {
+			return err
+		}
+		// An event of a kind the winner does not know: it looks again.
+		return raw.Publish(bg(), tag+"/lock-event:a", "progress\n"+l.Token()+"\n").Err()
+	})
+	took := time.Since(began)
+	if n := raw.Exists(bg(), tag+"/lock:a").Val(); n != 0 {
+		t.Errorf("the lock is still there (%q): released with a linger, or not at all", raw.Get(bg(), tag+"/lock:a").Val())
+	}
+	if !errors.Is(err, ErrNotFound) {
+		t.Fatalf("GetExternal: %v, want ErrNotFound", err)
+	}
+	if n := starts.Load(); n != 1 {
+		t.Errorf("start ran %d times", n)
+	}
+	if took > 15*time.Second {
+		t.Errorf("took %v: not promptly, only after the lock TTL", took)
+	}
+	raw.Publish(bg(), tag+"/lock-event:a", "end of test")
+	tok := token.Load().(string)
+	wantEvents(t, eventsUntilEnd(events), "progress\n"+tok+"\n", "abandon\n"+tok+"\n")
+}

@@ -82,6 +82,11 @@ func (p *pursuit) pursue(a attempt) ([]byte, error) {
 				p.served = ServedWaited
 			}
 			p.notFound, p.notFoundTTL = true, r.PTTL
+			if p.own {
+				// External mode: its own lock goes before the callers
+				// have their answer, with no linger ([L4]).
+				p.release(wire.AbandonEvent(f.token))
+			}
 			return nil, e.notFoundErr(f.id)
 		case r.Kind == wire.Locked && f.start == nil:
 			n, pttl, decided := p.heard(r.PTTL)
