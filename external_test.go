@@ -843,3 +843,55 @@ func TestGetExternal_CachedNotFoundWithTheLockStillOursReleasesWithNoLinger(t *t
 	tok := token.Load().(string)
 	wantEvents(t, eventsUntilEnd(events), "progress\n"+tok+"\n", "abandon\n"+tok+"\n")
 }
+
+// A flight that took the lock over from h1, started, lost its lock to
+// "other" while its producer was silent, kept the producer's late word
+// while it waited on "other", and then took "other"'s lock: the word goes
+// again under its own token and under "other", the holder it took over
+// from last, not under h1 ([E1a]).
+func TestGetExternal_LateWordAfterTwoTakeoversIsSaidUnderTheLastHolder(t *testing.T) {
+	b := realBackend(t)
+	raw := rawClient(t, b.addr)
+	kind := "fail"
+	tag := "tworelay"
+	var token atomic.Value
+	var starts atomic.Int64
+	var told atomic.Bool
+	c := newTestClient(t, b.addr, tag, &Options{LockTTL: time.Second, OnWait: func(_, holder string) {
+		if holder == "other" && !told.Swap(true) {
+			raw.Publish(bg(), tag+"/lock-event:a", kind+"\n"+token.Load().(string)+"\ngave up late")
+		}
+	}})
+	var other atomic.Bool
+	c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
+		if isLookup(cmd, tag+":a") && starts.Load() == 1 && !other.Load() {
+			if raw.SetNX(bg(), tag+"/lock:a", "other", time.Second).Val() {
+				other.Store(true)
+			}
+		}
+	}))
+	if err := raw.Set(bg(), tag+"/lock:a", "h1", 500*time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	events := subscribeTo(t, raw, tag+"/lock-event:a")
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	_, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
+		token.Store(l.Token())
+		starts.Add(1)
+		return nil
+	})
+	if !told.Load() {
+		t.Fatal("the flight never waited on the other holder")
+	}
+	if n := starts.Load(); n != 1 {
+		t.Fatalf("start ran %d times", n)
+	}
+	wantLateWord(t, kind, err)
+	eventually(t, 5*time.Second, "the lock to go", func() bool { return raw.Exists(bg(), tag+"/lock:a").Val() == 0 })
+	time.Sleep(100 * time.Millisecond)
+	raw.Publish(bg(), tag+"/lock-event:a", "end of test")
+	tok := token.Load().(string)
+	seen := eventsUntilEnd(events)
+	wantEvents(t, seen, kind+"\n"+tok+"\ngave up late", lateWord(kind, tok), lateWord(kind, "other"))
+}
