@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
 // pingGate holds back every PING its connections write, and whatever they
@@ -752,7 +753,12 @@ func TestGetExternal_ValueWhileGettingLiveAtARetakeIsNoWaitForNothing(t *testing
 	if n := starts.Load(); n != 1 {
 		t.Fatalf("start ran %d times", n)
 	}
-	rm := collect(t, reader, tag)
+	// The wait is recorded once its callers have their answer.
+	var rm metricdata.ResourceMetrics
+	eventually(t, 5*time.Second, "the wait to be recorded", func() bool {
+		rm = collect(t, reader, tag)
+		return histCount(rm, "memolock.wait.duration") > 0
+	})
 	if n := histCount(rm, "memolock.wait.duration", attr("result", "none")); n != 0 {
 		t.Errorf("wait.duration result=none: %d, want 0: the wait ended with a value, nothing was started again", n)
 	}
