@@ -188,7 +188,8 @@ func (b *batcher) loop() {
 // send runs a batch as one pipeline of EVALSHA to the node. A lookup that
 // meets NOSCRIPT (a new or flushed server), or a redirection (a slot that
 // moved or is moving, which go-redis follows only for single commands),
-// runs again alone, which loads the script and follows redirections.
+// runs again alone, which loads the script and follows redirections, once
+// the rest of the batch has its replies.
 func (b *batcher) send(batch []*lookupCall) {
 	ctx := context.Background()
 	if len(batch) == 1 {
@@ -210,20 +211,42 @@ func (b *batcher) send(batch []*lookupCall) {
 	}
 	b.stats.batched.Add(int64(scripts)) // lookups (Stats.Batched): reads first are not
 	_, _ = pipe.Exec(ctx)
+	// Every reply that needs no second run is handed out before any second
+	// run starts. A second run may follow a redirection to a node that
+	// refuses connections, and wait out go-redis's dial retries (a second
+	// and more): the members behind it, whose replies are read already,
+	// would have them that much later and that much staler (a value read
+	// before a newer write, given out after it). The second runs go one
+	// after another on this goroutine, which Close already waits for
+	// (b.work): a goroutine each would need counting of its own, to gain
+	// only that a fault's few second runs overlap; the queue meanwhile has
+	// the other batcher goroutines.
+	var again []*lookupCall
 	for i, lc := range batch {
-		switch c := cmds[i].(type) {
-		case *redis.StringCmd:
-			v, err := c.Result()
-			lc.res, lc.err = nilIfMissing(v, err), err
-			if errors.Is(err, redis.Nil) {
-				lc.err = nil
-			}
-		case *redis.Cmd:
-			lc.res, lc.err = c.Result()
-		}
-		if lc.err != nil && (strings.HasPrefix(lc.err.Error(), "NOSCRIPT") || redirected(lc.err)) {
-			lc.res, lc.elsewhere, lc.err = b.runAlone(ctx, lc.keys, lc.args)
+		if readReply(lc, cmds[i]) {
+			again = append(again, lc)
+			continue
 		}
 		close(lc.done)
 	}
+	for _, lc := range again {
+		lc.res, lc.elsewhere, lc.err = b.runAlone(ctx, lc.keys, lc.args)
+		close(lc.done)
+	}
+}
+
+// readReply sets lc's reply from its command in a pipeline, and reports
+// whether lc must run again alone: it met NOSCRIPT, or a redirection.
+func readReply(lc *lookupCall, cmd redis.Cmder) bool {
+	switch c := cmd.(type) {
+	case *redis.StringCmd:
+		v, err := c.Result()
+		lc.res, lc.err = nilIfMissing(v, err), err
+		if errors.Is(err, redis.Nil) {
+			lc.err = nil
+		}
+	case *redis.Cmd:
+		lc.res, lc.err = c.Result()
+	}
+	return lc.err != nil && (strings.HasPrefix(lc.err.Error(), "NOSCRIPT") || redirected(lc.err))
 }

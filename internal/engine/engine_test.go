@@ -50,6 +50,87 @@ func TestBatch_LoadsScriptsAfterScriptFlush(t *testing.T) {
 	}
 }
 
+// A member that must run again alone (here NOSCRIPT after a SCRIPT FLUSH;
+// in a cluster fault test, a redirection to a node that refused
+// connections, 1.3s of dial retries) holds up none of the members behind
+// it: their replies are read already, and given out late they are stale.
+// The second run is held until the test lets it go; the GET behind it must
+// have its answer meanwhile.
+func TestBatch_RunAgainHoldsUpNoOtherMember(t *testing.T) {
+	srv := redistest.Start(t)
+	raw := srv.Client(t)
+	raw.Set(context.Background(), "rerun:hit", "stored", time.Minute)
+	raw.ScriptFlush(context.Background())
+	hold := &holdScripts{held: make(chan struct{}), release: make(chan struct{})}
+	node := srv.Client(t)
+	node.AddHook(hold)
+	bt := newBatcher(node, node, &counters{}, &work{})
+	calls := []*lookupCall{
+		{keys: []string{"rerun:miss", "rerun/lock:miss", "rerun/lock-notfound:miss", "rerun/lock-stale:miss"}, args: []any{"t1", 1000}, done: make(chan struct{})},
+		{keys: []string{"rerun:hit"}, done: make(chan struct{})}, // a GET: no NOSCRIPT
+	}
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		bt.send(calls)
+	}()
+	released := false
+	let := func() {
+		if !released {
+			released = true
+			close(hold.release)
+		}
+	}
+	defer func() { let(); <-sent }()
+
+	select {
+	case <-hold.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lookup that met NOSCRIPT never ran again")
+	}
+	select {
+	case <-calls[1].done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the GET behind a second run still has no answer while that run is held")
+	}
+	if calls[1].err != nil || calls[1].res != "stored" {
+		t.Errorf("GET: %v, %v", calls[1].res, calls[1].err)
+	}
+	select {
+	case <-calls[0].done:
+		t.Fatal("the held lookup was answered before it ran again")
+	default:
+	}
+	let()
+	<-sent
+	if calls[0].err != nil || calls[0].res != int64(1) {
+		t.Errorf("lookup run again: %v, %v", calls[0].res, calls[0].err)
+	}
+}
+
+// holdScripts holds the first script a client runs alone (not in a
+// pipeline) until release is closed, and closes held when it does.
+type holdScripts struct {
+	once          sync.Once
+	held, release chan struct{}
+}
+
+func (h *holdScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "evalsha" || cmd.Name() == "eval" {
+			h.once.Do(func() {
+				close(h.held)
+				<-h.release
+			})
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *holdScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
 func TestTracing_TokenCarriesTraceparentOnlyWhenSampled(t *testing.T) {
 	tp := sdktrace.NewTracerProvider()
 	defer func() { _ = tp.Shutdown(context.Background()) }()
