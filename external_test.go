@@ -223,11 +223,7 @@ func TestGetExternal_EarlierProducersLateFailureEndsTheRetake(t *testing.T) {
 				events := subscribeTo(t, raw, tag+"/lock-event:a")
 				ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 				defer cancel()
-				_, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
-					token.Store(l.Token())
-					starts.Add(1)
-					return nil
-				})
+				_, err := c.GetExternal(ctx, "a", recordStart(&token, &starts))
 				wantLateWord(t, kind, err)
 				if !published.Load() {
 					t.Fatal("the lookup after the lock expired was never sent")
@@ -330,11 +326,7 @@ func TestGetExternal_LateWordHeardWhileWaitingOnAnotherHolder(t *testing.T) {
 				}
 				ctx, cancel := context.WithTimeout(bg(), wait)
 				defer cancel()
-				_, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
-					token.Store(l.Token())
-					starts.Add(1)
-					return nil
-				})
+				_, err := c.GetExternal(ctx, "a", recordStart(&token, &starts))
 				tok := token.Load().(string)
 				// The producer's word, then the flight's: under its token, in
 				// the script that deletes the lock, then under the other's.
@@ -421,11 +413,7 @@ func TestGetExternal_LateWordDeliveredJustBeforeStartAgain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 	defer cancel()
 	var starts atomic.Int64
-	_, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
-		token.Store(l.Token())
-		starts.Add(1)
-		return nil
-	})
+	_, err := c.GetExternal(ctx, "a", recordStart(&token, &starts))
 	if !sent.Load() {
 		t.Fatal("the flight never took its own lock again")
 	}
@@ -670,11 +658,7 @@ func TestGetExternal_TakeoverCheckHoldersValueBeforeALateFailure(t *testing.T) {
 	}))
 	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 	defer cancel()
-	v, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
-		token.Store(l.Token())
-		starts.Add(1)
-		return nil
-	})
+	v, err := c.GetExternal(ctx, "a", recordStart(&token, &starts))
 	if !published.Load() {
 		t.Fatal("the flight never took the lock over from the other holder")
 	}
@@ -708,11 +692,7 @@ func TestGetExternal_OwnRetakeValueDecidesBeforeAWordReadFirstInTheCheck(t *test
 	}))
 	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 	defer cancel()
-	v, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
-		token.Store(l.Token())
-		starts.Add(1)
-		return nil
-	})
+	v, err := c.GetExternal(ctx, "a", recordStart(&token, &starts))
 	if !published.Load() {
 		t.Fatal("the lookup after the lock expired was never sent")
 	}
@@ -882,11 +862,7 @@ func TestGetExternal_LateWordAfterTwoTakeoversIsSaidUnderTheLastHolder(t *testin
 	events := subscribeTo(t, raw, tag+"/lock-event:a")
 	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 	defer cancel()
-	_, err := c.GetExternal(ctx, "a", func(_ context.Context, l *Lease) error {
-		token.Store(l.Token())
-		starts.Add(1)
-		return nil
-	})
+	_, err := c.GetExternal(ctx, "a", recordStart(&token, &starts))
 	if !told.Load() {
 		t.Fatal("the flight never waited on the other holder")
 	}
@@ -900,4 +876,14 @@ func TestGetExternal_LateWordAfterTwoTakeoversIsSaidUnderTheLastHolder(t *testin
 	tok := token.Load().(string)
 	seen := eventsUntilEnd(events)
 	wantEvents(t, seen, kind+"\n"+tok+"\ngave up late", lateWord(kind, tok), lateWord(kind, "other"))
+}
+
+// recordStart is a start function that counts its calls in starts and
+// keeps the lease's token in token.
+func recordStart(token *atomic.Value, starts *atomic.Int64) StartFunc {
+	return func(_ context.Context, l *Lease) error {
+		token.Store(l.Token())
+		starts.Add(1)
+		return nil
+	}
 }
