@@ -336,8 +336,10 @@ func (p *pursuit) previousHolder() string {
 }
 
 // keepLate keeps, for ownLateEnd, the first failure or "not found" that the
-// flight's earlier producer published under the flight's token while the
-// flight waited on another holder.
+// flight's earlier producer published under the flight's token, heard
+// where the flight does not act on it at once: while it waits on another
+// holder, or in the takeover check, where a value read after it still
+// decides first.
 func (p *pursuit) keepLate(payload string) {
 	if !p.started || p.late != "" {
 		return
