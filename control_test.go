@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/memolock/memolock/internal/redistest"
+	"github.com/memolock/memolock/internal/wire"
 )
 
 // Delete while a fetch runs: the fetch's value reaches its own callers but
@@ -272,4 +273,81 @@ func TestDeleteAndSet_DetachFlightsInThisProcess(t *testing.T) {
 			within(t, 5*time.Second, old, "old", "the earlier caller")
 		})
 	}
+}
+
+// isScript reports whether cmd runs script s (by its hash, or, after a
+// NOSCRIPT, by its source).
+func isScript(cmd redis.Cmder, s *redis.Script, src string) bool {
+	args := cmd.Args()
+	if len(args) < 2 {
+		return false
+	}
+	switch cmd.Name() {
+	case "evalsha":
+		return args[1] == s.Hash()
+	case "eval":
+		return args[1] == src
+	}
+	return false
+}
+
+// A caller who begins after a flight's fetch returned, while the flight's
+// store is still on its way (held here; a master that just died holds it
+// for seconds), does not join that flight: a write by another process may
+// have landed meanwhile, and it gets that write, not the older
+// computation (memcache leases: no stale answer after a write). The
+// flight's own callers still get what it computed.
+func TestGet_ACallerAfterTheComputationEndedLooksAfreshWhileItsStoreIsHeld(t *testing.T) {
+	b := miniBackend(t)
+	c := newTestClient(t, b.addr, "sealed", &Options{LockTTL: 30 * time.Second})
+	other := newTestClient(t, b.addr, "sealed", nil)
+	storing, release := make(chan struct{}), make(chan struct{})
+	var held atomic.Bool
+	store := wire.ScriptsFor(false).Store
+	c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
+		if isScript(cmd, store, wire.StoreSrc) && !held.Swap(true) {
+			close(storing)
+			<-release
+		}
+	}))
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	first := getAsync(c, ctx, "k", constFetch(new(atomic.Int64), "computed", 0))
+	select {
+	case <-storing:
+	case <-ctx.Done():
+		t.Fatal("the flight never stored")
+	}
+	if err := other.Set(ctx, "k", []byte("written"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	var again atomic.Int64
+	later := getAsync(c, ctx, "k", constFetch(&again, "computed again", 0))
+	var got string
+	eventually(t, 10*time.Second, "the later call to end or to join the flight", func() bool {
+		select {
+		case got = <-later:
+			return true
+		default:
+			return c.Stats().Coalesced > 0
+		}
+	})
+	close(release)
+	released = true
+	if got == "" {
+		got = <-later // it joined: it ends with the flight
+	}
+	if got != "written" {
+		t.Errorf("a call begun after another process's Set = %q, want %q (it joined a flight whose fetch had returned before the Set)", got, "written")
+	}
+	if n := again.Load(); n != 0 {
+		t.Errorf("the later call computed %d times", n)
+	}
+	within(t, 10*time.Second, first, "computed", "the flight's own caller")
 }

@@ -245,6 +245,28 @@ func (g *group) detach(key string) {
 	}
 }
 
+// seal makes f, whose fetch has returned, a flight that new callers no
+// longer join; it goes on for the callers it has. What fetch computed is
+// not yet in Redis, and its store may take long (a master that just died
+// holds it through go-redis's dial retries): a write elsewhere may land
+// meanwhile, and a caller who begins after it must not get the older
+// computation. So a caller who begins once the computation has ended
+// looks afresh, as with singleflight, whose result goes only to the calls
+// made while it ran. Such a caller finds the value stored, or the lock
+// still held and the value on its way, or whatever was written since.
+func (g *group) seal(f *flight) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.flights[f.key] != f {
+		return // finished, or detached already
+	}
+	delete(g.flights, f.key)
+	if g.detached == nil {
+		g.detached = make(map[*flight]struct{})
+	}
+	g.detached[f] = struct{}{}
+}
+
 // counts returns the coalesced calls so far, and the flights in progress.
 func (g *group) counts() (coalesced int64, running int) {
 	g.mu.Lock()

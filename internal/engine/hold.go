@@ -106,6 +106,9 @@ func WithFetchTimeout(ctx context.Context, d time.Duration) context.Context {
 func (e *Engine) computeLocked(p *pursuit, pttl time.Duration) ([]byte, error) {
 	f := p.f
 	res, closedFirst := e.runFetch(f, e.proto.Lease(f.key, f.token), pttl)
+	if res.err == nil || errors.Is(res.err, ErrNotFound) {
+		e.flights.seal(f) // before the write: see group.seal
+	}
 	closing := e.closing.Load()
 	switch {
 	case closedFirst && errors.Is(res.err, context.Canceled):
