@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/memolock/memolock/internal/redistest"
+	"github.com/memolock/memolock/internal/wire"
 )
 
 // A caller's deadline holds whatever Redis does, while go-redis ignores
@@ -139,6 +140,45 @@ func TestGet_RedisDownFailsFastAndRecovers(t *testing.T) {
 	t.Logf("recovery noticed after %v", time.Since(t0))
 	if s := c.Stats(); s.Outages != 1 {
 		t.Errorf("Outages = %d, want 1", s.Outages)
+	}
+}
+
+// A flight whose Redis went down while fetch ran, and that this process
+// already knows to be down, does not send its store: its callers get the
+// value at once, not after go-redis's dial retries.
+func TestGet_StoreToANodeKnownDownFailsAtOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newTestClient(t, srv.Addr, "downstore", &Options{LockTTL: 30 * time.Second})
+	var stores atomic.Int64
+	store := wire.ScriptsFor(false).Store
+	c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
+		if isScript(cmd, store, wire.StoreSrc) {
+			stores.Add(1)
+		}
+	}))
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	first := getAsync(c, ctx, "k", blockingFetch(started, release, "v"))
+	select {
+	case <-started:
+	case <-ctx.Done():
+		close(release)
+		t.Fatal("fetch never ran")
+	}
+	srv.Kill()
+	// Another call finds Redis down: the process knows it from now on.
+	if _, err := c.Get(ctx, "other", constFetch(new(atomic.Int64), "w", 0)); !errors.Is(err, ErrRedis) {
+		close(release)
+		t.Fatalf("Get while Redis is down = %v, want ErrRedis", err)
+	}
+	close(release)
+	within(t, 10*time.Second, first, "v", "the flight's caller")
+	if n := stores.Load(); n != 0 {
+		t.Errorf("the flight sent its store %d times to a node known to be down", n)
+	}
+	if s := c.Stats(); s.StoreErrors != 1 {
+		t.Errorf("StoreErrors = %d, want 1", s.StoreErrors)
 	}
 }
 

@@ -33,7 +33,13 @@ func (e *Engine) store(p *pursuit, val []byte, ttl time.Duration, closing bool) 
 	ctx, cancel := holderCtx(f, closing)
 	defer cancel()
 	own := e.expectOwn(f.key)
-	stored, err := e.proto.Store(ctx, f.key, f.token, val, ttl)
+	// A node known to be down fails the store at once: the callers get
+	// their value now, not after go-redis's dial retries.
+	_, err := e.nodes.check(ctx, f.key)
+	var stored bool
+	if err == nil {
+		stored, err = e.proto.Store(ctx, f.key, f.token, val, ttl)
+	}
 	if err != nil && passing(err) && e.cfg.Cluster != nil && !closing {
 		// The slot is being migrated, or its master failed over: the
 		// callers here have their value now, and the store waits for the
