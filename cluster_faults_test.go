@@ -1308,12 +1308,7 @@ func (r *faultRun) check(rep *faultReport, fc faultChecks) {
 			continue
 		}
 		if !slowIDs[sc.id] {
-			var fetches []string
-			for _, f := range rep.fetchedBy[sc.id] {
-				fetches = append(fetches, fmt.Sprintf("%s %.2f-%.2fs", r.names[f.child],
-					time.Duration(f.start-r.t0.UnixNano()).Seconds(), time.Duration(f.end-r.t0.UnixNano()).Seconds()))
-			}
-			t.Errorf("%s (%v): a call in %s began at %.2fs and took %v; plain GETs from it to healthy masters took up to %v, and from a holder in another process after its fetch up to %v (bound %v); the id's fetches that ended: %v", sc.id, onHealthy, r.names[sc.child], time.Duration(sc.start-r.t0.UnixNano()).Seconds(), sc.lat, ctl, hctl, bound, fetches)
+			t.Errorf("%s (%v): a call in %s began at %.2fs and took %v; plain GETs from it to healthy masters took up to %v, and from a holder in another process after its fetch up to %v (bound %v); the id's fetches that ended: %v", sc.id, onHealthy, r.names[sc.child], time.Duration(sc.start-r.t0.UnixNano()).Seconds(), sc.lat, ctl, hctl, bound, r.fetchesOf(rep, sc.id))
 		}
 		slowIDs[sc.id] = true
 	}
@@ -1458,10 +1453,10 @@ func (r *faultRun) checkCoherence(rep *faultReport, fc faultChecks) {
 				failed = append(failed, fmt.Sprintf("version %d from %.2fs to %.2fs", fw.version,
 					time.Duration(fw.start-r.t0.UnixNano()).Seconds(), time.Duration(fw.end-r.t0.UnixNano()).Seconds()))
 			}
-			t.Errorf("%s read version %d (served %v) at %.2fs in %s, %v after a newer version was written (at %.2fs); the call took %v; failed writes of the id: %v",
+			t.Errorf("%s read version %d (served %v) at %.2fs in %s, %v after a newer version was written (at %.2fs); the call took %v; failed writes of the id: %v; its fetches that ended: %v",
 				h.id, h.version, h.served, time.Duration(h.start-r.t0.UnixNano()).Seconds(), h.child,
 				time.Duration(h.start-newer).Round(time.Millisecond), time.Duration(newer-r.t0.UnixNano()).Seconds(),
-				time.Duration(h.took).Round(time.Millisecond), failed)
+				time.Duration(h.took).Round(time.Millisecond), failed, r.fetchesOf(rep, h.id))
 		}
 	}
 	if stale > 0 {
@@ -1472,6 +1467,17 @@ func (r *faultRun) checkCoherence(rep *faultReport, fc faultChecks) {
 	if r.l1 && l1Reads == 0 {
 		t.Error("no hot id was last read from the L1: the L1 was not at work")
 	}
+}
+
+// fetchesOf lists the fetches of id that ended, for the log: the process,
+// and when each began and ended.
+func (r *faultRun) fetchesOf(rep *faultReport, id string) []string {
+	var fetches []string
+	for _, f := range rep.fetchedBy[id] {
+		fetches = append(fetches, fmt.Sprintf("%s %.2f-%.2fs", r.names[f.child],
+			time.Duration(f.start-r.t0.UnixNano()).Seconds(), time.Duration(f.end-r.t0.UnixNano()).Seconds()))
+	}
+	return fetches
 }
 
 // roundOfID returns the round of a round's id, -1 for a hot id.
