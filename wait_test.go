@@ -592,3 +592,53 @@ func TestGet_RefusedMarkerPingStillMarks(t *testing.T) {
 		t.Errorf("%d reconnects: a refused PING is a reply", n)
 	}
 }
+
+// A waiter whose holder recorded "not found" and whose notfound event was
+// lost (here: the lock went with an abandon event) looks again, gets the
+// marker's {pttl} reply, and ends with "not found", without computing
+// ([L4], while waiting on another holder).
+func TestGet_WaiterThatFindsTheNotFoundMarkerEndsNotFound(t *testing.T) {
+	b := realBackend(t)
+	raw := rawClient(t, b.addr)
+	if err := raw.Set(bg(), "wnf/lock:k", "other", 30*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := newTestClient(t, b.addr, "wnf", &Options{LockTTL: 30 * time.Second})
+	looks := countLookups(c.rdb, "wnf:k")
+	var calls atomic.Int64
+	type result struct {
+		r   Result
+		err error
+	}
+	done := make(chan result, 1)
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	go func() {
+		r, err := c.GetResult(ctx, "k", notFoundFetch(&calls))
+		done <- result{r, err}
+	}()
+	// The first lookup, and the one after its subscription is live.
+	eventually(t, 10*time.Second, "the waiter to subscribe and look again", func() bool { return looks.n.Load() >= 2 })
+	pipe := raw.TxPipeline()
+	pipe.Del(bg(), "wnf/lock:k")
+	pipe.Set(bg(), "wnf/lock-notfound:k", "", 10*time.Second)
+	pipe.Publish(bg(), "wnf/lock-event:k", "abandon\nother\n")
+	if _, err := pipe.Exec(bg()); err != nil {
+		t.Fatal(err)
+	}
+	var res result
+	select {
+	case res = <-done:
+	case <-ctx.Done():
+		t.Fatal("the waiter never ended")
+	}
+	if !errors.Is(res.err, ErrNotFound) || res.r.Served != ServedWaited {
+		t.Errorf("GetResult = %+v, %v; want ErrNotFound, served waited", res.r, res.err)
+	}
+	if n := calls.Load(); n != 0 {
+		t.Errorf("fetch ran %d times while the marker lived", n)
+	}
+	if n := raw.Exists(bg(), "wnf/lock:k").Val(); n != 0 {
+		t.Error("the waiter took the lock")
+	}
+}
