@@ -188,6 +188,25 @@ namespace MemoLockTests
             }, lockTtl: TimeSpan.FromSeconds(30));
         }
 
+        /// <summary>[L4], while waiting on another holder: its notfound event was lost (here its lock went with an abandon), and the lookup finds the marker: "not found", no fetch, no lock taken.</summary>
+        [Test]
+        static void Events_WaiterThatFindsTheMarkerAfterAnAbandonEndsNotFound()
+        {
+            With((srv, c, spy) =>
+            {
+                srv.Call("SET", "t/lock:w", Holder, "PX", "30000");
+                var box = new object[2];
+                var th = Start(() => c.Get("w", Never), box);
+                spy.AwaitWaiting();
+                srv.Call("DEL", "t/lock:w");
+                srv.Call("SET", "t/lock-notfound:w", "", "PX", "10000");
+                srv.Call("PUBLISH", "t/lock-event:w", Tokens.AbandonEvent(Holder));
+                Assert.True(th.Join(TimeSpan.FromSeconds(Prompt)), "the waiter returned promptly");
+                Assert.True(box[1] is NotFoundException, "NotFoundException, got " + (box[1] ?? S((byte[])box[0])));
+                Assert.True(!Exists(srv, "t/lock:w"), "no lock taken");
+            }, lockTtl: TimeSpan.FromSeconds(30));
+        }
+
         [Test]
         static void Events_StaleAndUnknownKindsMakeTheWaiterLookAgain()
         {

@@ -256,6 +256,19 @@ def test_other_events_of_the_holder_look_again(c, kind):
     run.expect(core.Script, "acquire")
 
 
+def test_waiter_that_finds_the_not_found_marker_after_an_abandon_ends_not_found(c):
+    # [L4], while waiting on another holder: its notfound event was lost
+    # (here it went with an abandon), and the lookup finds the marker.
+    f = flight(c)
+    run = Run(c.pursue(f))
+    until_waiting(run, f)
+    run.send(events([(b"t/lock-event:k", b"abandon\n" + HOLDER + b"\n")]))
+    run.expect(core.Script, "acquire")
+    run.send([5000])
+    with pytest.raises(memolock.NotFound, match='"k"'):
+        run.result()
+
+
 def test_events_of_other_tokens_are_ignored(c):
     f = flight(c)
     run = Run(c.pursue(f))
