@@ -32,14 +32,18 @@ func (e *Engine) store(p *pursuit, val []byte, ttl time.Duration, closing bool) 
 	f := p.f
 	ctx, cancel := holderCtx(f, closing)
 	defer cancel()
-	own := e.expectOwn(f.key)
-	// A node known to be down fails the store at once: the callers get
-	// their value now, not after go-redis's dial retries.
-	_, err := e.nodes.check(ctx, f.key)
-	var stored bool
-	if err == nil {
-		stored, err = e.proto.Store(ctx, f.key, f.token, val, ttl)
+	if _, down := e.nodes.check(ctx, f.key); down != nil && !closing {
+		// A node known to be down (or whose master cannot be found): the
+		// callers get their value now, not after go-redis's dial
+		// retries, and the store is tried after. It is not failed
+		// unsent: the node may be back already, its probe not yet
+		// answered, and waiters elsewhere, to whom it is fine, would be
+		// told that a value that could be stored failed.
+		p.after = func() { e.storeMigrating(f, val, ttl) }
+		return nil
 	}
+	own := e.expectOwn(f.key)
+	stored, err := e.proto.Store(ctx, f.key, f.token, val, ttl)
 	if err != nil && passing(err) && e.cfg.Cluster != nil && !closing {
 		// The slot is being migrated, or its master failed over: the
 		// callers here have their value now, and the store waits for the
@@ -69,7 +73,8 @@ func (e *Engine) store(p *pursuit, val []byte, ttl time.Duration, closing bool) 
 
 // storeMigrating stores a value whose store met a slot migration, once the
 // migration lets it, within the lease; waiters elsewhere are told if it
-// cannot.
+// cannot. It is also the store, after the callers have their value, of a
+// value whose node was known to be down (see store).
 func (e *Engine) storeMigrating(f *flight, val []byte, ttl time.Duration) {
 	ctx := ctxOf(f)
 	var stored bool
