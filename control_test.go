@@ -351,3 +351,88 @@ func TestGet_ACallerAfterTheComputationEndedLooksAfreshWhileItsStoreIsHeld(t *te
 	}
 	within(t, 10*time.Second, first, "computed", "the flight's own caller")
 }
+
+// As for a value (above), so for a fetch that failed: a caller who begins
+// after fetch returned, while the flight still writes to Redis what came
+// of it (its lock's release with the failure; with StaleTTL, first the
+// stale copy's resurrection), does not join that flight. Another
+// process's Set may have landed meanwhile, and the caller gets it, not the
+// failure (or the stale copy) of a computation that ended before it.
+func TestGet_ACallerAfterAFailedComputationLooksAfreshWhileItsWritesAreHeld(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		staleTTL time.Duration
+		script   func(wire.Scripts) (*redis.Script, string)
+	}{
+		{"release", 0, func(s wire.Scripts) (*redis.Script, string) { return s.Release, wire.ReleaseSrc }},
+		{"resurrect", time.Hour, func(s wire.Scripts) (*redis.Script, string) { return s.Resurrect, wire.ResurrectSrc }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := miniBackend(t)
+			c := newTestClient(t, b.addr, "sealedfail", &Options{LockTTL: 30 * time.Second, StaleTTL: tc.staleTTL})
+			other := newTestClient(t, b.addr, "sealedfail", nil)
+			held, release := make(chan struct{}), make(chan struct{})
+			var once atomic.Bool
+			script, src := tc.script(*wire.ScriptsFor(false))
+			c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
+				if isScript(cmd, script, src) && !once.Swap(true) {
+					close(held)
+					<-release
+				}
+			}))
+			released := false
+			defer func() {
+				if !released {
+					close(release)
+				}
+			}()
+			ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+			defer cancel()
+			first := make(chan error, 1)
+			go func() {
+				_, err := c.Get(ctx, "k", func(context.Context, *Lease) ([]byte, time.Duration, error) {
+					return nil, 0, errors.New("boom")
+				})
+				first <- err
+			}()
+			select {
+			case <-held:
+			case <-ctx.Done():
+				t.Fatal("the flight never wrote after its fetch failed")
+			}
+			if err := other.Set(ctx, "k", []byte("written"), time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			var again atomic.Int64
+			later := getAsync(c, ctx, "k", constFetch(&again, "computed again", 0))
+			var got string
+			eventually(t, 10*time.Second, "the later call to end or to join the flight", func() bool {
+				select {
+				case got = <-later:
+					return true
+				default:
+					return c.Stats().Coalesced > 0
+				}
+			})
+			close(release)
+			released = true
+			if got == "" {
+				got = <-later // it joined: it ends with the flight
+			}
+			if got != "written" {
+				t.Errorf("a call begun after another process's Set = %q, want %q (it joined a flight whose fetch had failed before the Set)", got, "written")
+			}
+			if n := again.Load(); n != 0 {
+				t.Errorf("the later call computed %d times", n)
+			}
+			select {
+			case err := <-first:
+				if err == nil || !strings.Contains(err.Error(), "boom") {
+					t.Errorf("the flight's own caller got %v, want the fetch's error", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Error("the flight's own caller had no answer after 10s")
+			}
+		})
+	}
+}

@@ -250,7 +250,10 @@ func (g *group) detach(key string) {
 // not yet in Redis, and its store may take long (a master that just died
 // holds it through go-redis's dial retries): a write elsewhere may land
 // meanwhile, and a caller who begins after it must not get the older
-// computation. So a caller who begins once the computation has ended
+// computation. The same holds for a fetch that failed: the release that
+// tells waiters, or the resurrection of a stale copy, may take as long,
+// and a caller who begins after a write must not get the failure, or the
+// stale copy. So a caller who begins once the computation has ended
 // looks afresh, as with singleflight, whose result goes only to the calls
 // made while it ran. Such a caller finds the value stored, or the lock
 // still held and the value on its way, or whatever was written since.

@@ -106,9 +106,10 @@ func WithFetchTimeout(ctx context.Context, d time.Duration) context.Context {
 func (e *Engine) computeLocked(p *pursuit, pttl time.Duration) ([]byte, error) {
 	f := p.f
 	res, closedFirst := e.runFetch(f, e.proto.Lease(f.key, f.token), pttl)
-	if res.err == nil || errors.Is(res.err, ErrNotFound) {
-		e.flights.seal(f) // before the write: see group.seal
-	}
+	// Before the writes of whatever fetch returned (a value, "not found",
+	// or a failure, whose release or resurrection may take as long as a
+	// store): see group.seal.
+	e.flights.seal(f)
 	closing := e.closing.Load()
 	switch {
 	case closedFirst && errors.Is(res.err, context.Canceled):
