@@ -17,6 +17,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/memolock/memolock/internal/wire"
 )
 
 // pingGate holds back every PING its connections write, and whatever they
@@ -886,4 +888,85 @@ func recordStart(token *atomic.Value, starts *atomic.Int64) StartFunc {
 		starts.Add(1)
 		return nil
 	}
+}
+
+// As for a computation (see
+// TestGet_ACallerAfterTheComputationEndedLooksAfreshWhileItsStoreIsHeld),
+// so for external work: once the producer's value has come, the flight
+// releases its lock before its callers have the value (held here; a
+// master that just died holds it for a second), and a caller who begins
+// meanwhile, after another process's Set, gets the Set's value, not the
+// producer's older one.
+func TestGetExternal_ACallerAfterTheValueCameLooksAfreshWhileTheReleaseIsHeld(t *testing.T) {
+	b := miniBackend(t)
+	const tag = "extsealed"
+	c := newTestClient(t, b.addr, tag, &Options{LockTTL: 30 * time.Second})
+	other := newTestClient(t, b.addr, tag, nil)
+	raw := rawClient(t, b.addr)
+	held, release := make(chan struct{}), make(chan struct{})
+	var once atomic.Bool
+	sc := wire.ScriptsFor(false)
+	c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
+		if isScript(cmd, sc.Release, wire.ReleaseSrc) && !once.Swap(true) {
+			close(held)
+			<-release
+		}
+	}))
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	var token atomic.Value
+	var starts atomic.Int64
+	first := make(chan string, 1)
+	go func() {
+		v, err := c.GetExternal(ctx, "k", recordStart(&token, &starts))
+		if err != nil {
+			first <- "error: " + err.Error()
+			return
+		}
+		first <- string(v)
+	}()
+	eventually(t, 10*time.Second, "start to run", func() bool { return starts.Load() == 1 })
+	// The producer stores its value under the flight's token.
+	keys := wire.NewKeys(tag)
+	if n, err := sc.Store.Run(ctx, raw, keys.ID("k"), token.Load().(string), "produced", wire.TTLMillis(time.Minute),
+		keys.Notif("k"), keys.Events("k"), wire.LockLinger.Milliseconds(), 0).Int(); err != nil || n != 1 {
+		t.Fatalf("the producer's store = %d, %v", n, err)
+	}
+	select {
+	case <-held:
+	case <-ctx.Done():
+		t.Fatal("the flight never released its lock")
+	}
+	if err := other.Set(ctx, "k", []byte("written"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	var again atomic.Int64
+	later := getAsync(c, ctx, "k", constFetch(&again, "computed", 0))
+	var got string
+	eventually(t, 10*time.Second, "the later call to end or to join the flight", func() bool {
+		select {
+		case got = <-later:
+			return true
+		default:
+			return c.Stats().Coalesced > 0
+		}
+	})
+	close(release)
+	released = true
+	if got == "" {
+		got = <-later // it joined: it ends with the flight
+	}
+	if got != "written" {
+		t.Errorf("a call begun after another process's Set = %q, want %q (it joined a flight whose value had come before the Set)", got, "written")
+	}
+	if n := again.Load(); n != 0 {
+		t.Errorf("the later call computed %d times", n)
+	}
+	within(t, 10*time.Second, first, "produced", "the flight's own caller")
 }

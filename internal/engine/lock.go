@@ -257,8 +257,11 @@ func (e *Engine) releaseWith(f *flight, event string, linger time.Duration) bool
 }
 
 // releaseDone releases f's lock once somebody else stored the value, keeping
-// it for the linger the store script keeps (see wire.StoreSrc).
+// it for the linger the store script keeps (see wire.StoreSrc). f's callers
+// get that value next: from now on, as after a fetch, new callers look
+// afresh rather than wait for the release (see group.seal).
 func (e *Engine) releaseDone(f *flight) {
+	e.flights.seal(f)
 	e.releaseWith(f, "", wire.LockLinger)
 }
 
