@@ -892,81 +892,105 @@ func recordStart(token *atomic.Value, starts *atomic.Int64) StartFunc {
 
 // As for a computation (see
 // TestGet_ACallerAfterTheComputationEndedLooksAfreshWhileItsStoreIsHeld),
-// so for external work: once the producer's value has come, the flight
-// releases its lock before its callers have the value (held here; a
-// master that just died holds it for a second), and a caller who begins
-// meanwhile, after another process's Set, gets the Set's value, not the
-// producer's older one.
-func TestGetExternal_ACallerAfterTheValueCameLooksAfreshWhileTheReleaseIsHeld(t *testing.T) {
-	b := miniBackend(t)
-	const tag = "extsealed"
-	c := newTestClient(t, b.addr, tag, &Options{LockTTL: 30 * time.Second})
-	other := newTestClient(t, b.addr, tag, nil)
-	raw := rawClient(t, b.addr)
-	held, release := make(chan struct{}), make(chan struct{})
-	var once atomic.Bool
+// so for external work: once the producer's value, or its failure, has
+// come, the flight releases its lock before its callers have their answer
+// (held here; a master that just died holds it for a second), and a
+// caller who begins meanwhile, after another process's Set, gets the Set's
+// value, not the producer's older answer.
+func TestGetExternal_ACallerAfterTheAnswerCameLooksAfreshWhileTheReleaseIsHeld(t *testing.T) {
 	sc := wire.ScriptsFor(false)
-	c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
-		if isScript(cmd, sc.Release, wire.ReleaseSrc) && !once.Swap(true) {
-			close(held)
-			<-release
-		}
-	}))
-	released := false
-	defer func() {
-		if !released {
+	for _, tc := range []struct {
+		name    string
+		produce func(ctx context.Context, raw *redis.Client, keys wire.Keys, token string) error
+		want    string // the flight's own caller's answer, or its prefix
+	}{
+		{"value", func(ctx context.Context, raw *redis.Client, keys wire.Keys, token string) error {
+			n, err := sc.Store.Run(ctx, raw, keys.ID("k"), token, "produced", wire.TTLMillis(time.Minute),
+				keys.Notif("k"), keys.Events("k"), wire.LockLinger.Milliseconds(), 0).Int()
+			if err == nil && n != 1 {
+				err = fmt.Errorf("store script answered %d", n)
+			}
+			return err
+		}, "produced"},
+		{"failure", func(ctx context.Context, raw *redis.Client, keys wire.Keys, token string) error {
+			return raw.Publish(ctx, keys.Events("k"), "fail\n"+token+"\nboom").Err()
+		}, "error: "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := miniBackend(t)
+			const tag = "extsealed"
+			c := newTestClient(t, b.addr, tag, &Options{LockTTL: 30 * time.Second})
+			other := newTestClient(t, b.addr, tag, nil)
+			raw := rawClient(t, b.addr)
+			held, release := make(chan struct{}), make(chan struct{})
+			var once atomic.Bool
+			c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
+				if isScript(cmd, sc.Release, wire.ReleaseSrc) && !once.Swap(true) {
+					close(held)
+					<-release
+				}
+			}))
+			released := false
+			defer func() {
+				if !released {
+					close(release)
+				}
+			}()
+			ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+			defer cancel()
+			var token atomic.Value
+			var starts atomic.Int64
+			first := make(chan string, 1)
+			go func() {
+				v, err := c.GetExternal(ctx, "k", recordStart(&token, &starts))
+				if err != nil {
+					first <- "error: " + err.Error()
+					return
+				}
+				first <- string(v)
+			}()
+			eventually(t, 10*time.Second, "start to run", func() bool { return starts.Load() == 1 })
+			if err := tc.produce(ctx, raw, wire.NewKeys(tag), token.Load().(string)); err != nil {
+				t.Fatalf("the producer: %v", err)
+			}
+			select {
+			case <-held:
+			case <-ctx.Done():
+				t.Fatal("the flight never released its lock")
+			}
+			if err := other.Set(ctx, "k", []byte("written"), time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			var again atomic.Int64
+			later := getAsync(c, ctx, "k", constFetch(&again, "computed", 0))
+			var got string
+			eventually(t, 10*time.Second, "the later call to end or to join the flight", func() bool {
+				select {
+				case got = <-later:
+					return true
+				default:
+					return c.Stats().Coalesced > 0
+				}
+			})
 			close(release)
-		}
-	}()
-	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
-	defer cancel()
-	var token atomic.Value
-	var starts atomic.Int64
-	first := make(chan string, 1)
-	go func() {
-		v, err := c.GetExternal(ctx, "k", recordStart(&token, &starts))
-		if err != nil {
-			first <- "error: " + err.Error()
-			return
-		}
-		first <- string(v)
-	}()
-	eventually(t, 10*time.Second, "start to run", func() bool { return starts.Load() == 1 })
-	// The producer stores its value under the flight's token.
-	keys := wire.NewKeys(tag)
-	if n, err := sc.Store.Run(ctx, raw, keys.ID("k"), token.Load().(string), "produced", wire.TTLMillis(time.Minute),
-		keys.Notif("k"), keys.Events("k"), wire.LockLinger.Milliseconds(), 0).Int(); err != nil || n != 1 {
-		t.Fatalf("the producer's store = %d, %v", n, err)
+			released = true
+			if got == "" {
+				got = <-later // it joined: it ends with the flight
+			}
+			if got != "written" {
+				t.Errorf("a call begun after another process's Set = %q, want %q (it joined a flight whose answer had come before the Set)", got, "written")
+			}
+			if n := again.Load(); n != 0 {
+				t.Errorf("the later call computed %d times", n)
+			}
+			select {
+			case got := <-first:
+				if !strings.HasPrefix(got, tc.want) {
+					t.Errorf("the flight's own caller got %q, want %q", got, tc.want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Error("the flight's own caller had no answer after 10s")
+			}
+		})
 	}
-	select {
-	case <-held:
-	case <-ctx.Done():
-		t.Fatal("the flight never released its lock")
-	}
-	if err := other.Set(ctx, "k", []byte("written"), time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	var again atomic.Int64
-	later := getAsync(c, ctx, "k", constFetch(&again, "computed", 0))
-	var got string
-	eventually(t, 10*time.Second, "the later call to end or to join the flight", func() bool {
-		select {
-		case got = <-later:
-			return true
-		default:
-			return c.Stats().Coalesced > 0
-		}
-	})
-	close(release)
-	released = true
-	if got == "" {
-		got = <-later // it joined: it ends with the flight
-	}
-	if got != "written" {
-		t.Errorf("a call begun after another process's Set = %q, want %q (it joined a flight whose value had come before the Set)", got, "written")
-	}
-	if n := again.Load(); n != 0 {
-		t.Errorf("the later call computed %d times", n)
-	}
-	within(t, 10*time.Second, first, "produced", "the flight's own caller")
 }

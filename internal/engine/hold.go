@@ -239,6 +239,7 @@ func (e *Engine) startExternal(p *pursuit) error {
 	}
 	if err != nil {
 		e.countFailure(fetchResult{err: err})
+		e.flights.seal(f) // decided: see group.seal
 		e.release(f, wire.FailEvent(f.token, err))
 		e.relay(p, func(token string) string { return wire.FailEvent(token, err) })
 	}

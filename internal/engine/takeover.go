@@ -95,6 +95,7 @@ func (p *pursuit) onTakeoverEvents(ev pubsub.Events) (n next, decided, synced bo
 		}
 		switch kind {
 		case wire.EventFail:
+			e.flights.seal(f) // decided: see group.seal
 			e.release(f, wire.FailText(f.token, text))
 			return p.onFail(text), true, false
 		case wire.EventNotFound:

@@ -300,9 +300,13 @@ func (p *pursuit) recordWait(o outcome) {
 	}
 }
 
-// release deletes the flight's own lock, publishing event.
+// release deletes the flight's own lock, publishing event. The flight's
+// answer is decided (release is called only then, or at its end): from now
+// on new callers look afresh rather than wait for the write (see
+// group.seal).
 func (p *pursuit) release(event string) {
 	p.own = false
+	p.e.flights.seal(p.f)
 	p.e.release(p.f, event)
 }
 
