@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -291,38 +292,35 @@ func isScript(cmd redis.Cmder, s *redis.Script, src string) bool {
 	return false
 }
 
-// A caller who begins after a flight's fetch returned, while the flight's
-// store is still on its way (held here; a master that just died holds it
-// for seconds), does not join that flight: a write by another process may
-// have landed meanwhile, and it gets that write, not the older
-// computation (memcache leases: no stale answer after a write). The
-// flight's own callers still get what it computed.
-func TestGet_ACallerAfterTheComputationEndedLooksAfreshWhileItsStoreIsHeld(t *testing.T) {
-	b := miniBackend(t)
-	c := newTestClient(t, b.addr, "sealed", &Options{LockTTL: 30 * time.Second})
-	other := newTestClient(t, b.addr, "sealed", nil)
-	storing, release := make(chan struct{}), make(chan struct{})
-	var held atomic.Bool
-	store := wire.ScriptsFor(false).Store
+// holdScript makes c's first run of script s (source src) wait in its hook
+// until release is called (at the test's end at the latest): held is
+// closed once it waits there.
+func holdScript(t *testing.T, c *testClient, s *redis.Script, src string) (held <-chan struct{}, release func()) {
+	t.Helper()
+	reached, gate := make(chan struct{}), make(chan struct{})
+	var once atomic.Bool
 	c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
-		if isScript(cmd, store, wire.StoreSrc) && !held.Swap(true) {
-			close(storing)
-			<-release
+		if isScript(cmd, s, src) && !once.Swap(true) {
+			close(reached)
+			<-gate
 		}
 	}))
-	released := false
-	defer func() {
-		if !released {
-			close(release)
-		}
-	}()
-	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
-	defer cancel()
-	first := getAsync(c, ctx, "k", constFetch(new(atomic.Int64), "computed", 0))
+	release = sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(release)
+	return reached, release
+}
+
+// wantTheWriteAfterAHeldFlight checks a flight of c's for "k" whose write
+// is held (held, then release): another process Sets "written", and a Get
+// on c begun then must get that, not join the flight, whose answer (what
+// says) came before the Set. The write is released once that Get has
+// ended or joined.
+func wantTheWriteAfterAHeldFlight(t *testing.T, ctx context.Context, c, other *testClient, held <-chan struct{}, release func(), what string) {
+	t.Helper()
 	select {
-	case <-storing:
+	case <-held:
 	case <-ctx.Done():
-		t.Fatal("the flight never stored")
+		t.Fatal("the flight never made the write held")
 	}
 	if err := other.Set(ctx, "k", []byte("written"), time.Minute); err != nil {
 		t.Fatal(err)
@@ -338,17 +336,33 @@ func TestGet_ACallerAfterTheComputationEndedLooksAfreshWhileItsStoreIsHeld(t *te
 			return c.Stats().Coalesced > 0
 		}
 	})
-	close(release)
-	released = true
+	release()
 	if got == "" {
 		got = <-later // it joined: it ends with the flight
 	}
 	if got != "written" {
-		t.Errorf("a call begun after another process's Set = %q, want %q (it joined a flight whose fetch had returned before the Set)", got, "written")
+		t.Errorf("a call begun after another process's Set = %q, want %q (it joined a flight whose %s came before the Set)", got, "written", what)
 	}
 	if n := again.Load(); n != 0 {
 		t.Errorf("the later call computed %d times", n)
 	}
+}
+
+// A caller who begins after a flight's fetch returned, while the flight's
+// store is still on its way (held here; a master that just died holds it
+// for seconds), does not join that flight: a write by another process may
+// have landed meanwhile, and it gets that write, not the older
+// computation (memcache leases: no stale answer after a write). The
+// flight's own callers still get what it computed.
+func TestGet_ACallerAfterTheComputationEndedLooksAfreshWhileItsStoreIsHeld(t *testing.T) {
+	b := miniBackend(t)
+	c := newTestClient(t, b.addr, "sealed", &Options{LockTTL: 30 * time.Second})
+	other := newTestClient(t, b.addr, "sealed", nil)
+	held, release := holdScript(t, c, wire.ScriptsFor(false).Store, wire.StoreSrc)
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	first := getAsync(c, ctx, "k", constFetch(new(atomic.Int64), "computed", 0))
+	wantTheWriteAfterAHeldFlight(t, ctx, c, other, held, release, "fetch")
 	within(t, 10*time.Second, first, "computed", "the flight's own caller")
 }
 
@@ -371,64 +385,18 @@ func TestGet_ACallerAfterAFailedComputationLooksAfreshWhileItsWritesAreHeld(t *t
 			b := miniBackend(t)
 			c := newTestClient(t, b.addr, "sealedfail", &Options{LockTTL: 30 * time.Second, StaleTTL: tc.staleTTL})
 			other := newTestClient(t, b.addr, "sealedfail", nil)
-			held, release := make(chan struct{}), make(chan struct{})
-			var once atomic.Bool
 			script, src := tc.script(*wire.ScriptsFor(false))
-			c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
-				if isScript(cmd, script, src) && !once.Swap(true) {
-					close(held)
-					<-release
-				}
-			}))
-			released := false
-			defer func() {
-				if !released {
-					close(release)
-				}
-			}()
+			held, release := holdScript(t, c, script, src)
 			ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 			defer cancel()
-			first := make(chan error, 1)
-			go func() {
-				_, err := c.Get(ctx, "k", func(context.Context, *Lease) ([]byte, time.Duration, error) {
-					return nil, 0, errors.New("boom")
-				})
-				first <- err
-			}()
-			select {
-			case <-held:
-			case <-ctx.Done():
-				t.Fatal("the flight never wrote after its fetch failed")
-			}
-			if err := other.Set(ctx, "k", []byte("written"), time.Minute); err != nil {
-				t.Fatal(err)
-			}
-			var again atomic.Int64
-			later := getAsync(c, ctx, "k", constFetch(&again, "computed again", 0))
-			var got string
-			eventually(t, 10*time.Second, "the later call to end or to join the flight", func() bool {
-				select {
-				case got = <-later:
-					return true
-				default:
-					return c.Stats().Coalesced > 0
-				}
+			first := getAsync(c, ctx, "k", func(context.Context, *Lease) ([]byte, time.Duration, error) {
+				return nil, 0, errors.New("boom")
 			})
-			close(release)
-			released = true
-			if got == "" {
-				got = <-later // it joined: it ends with the flight
-			}
-			if got != "written" {
-				t.Errorf("a call begun after another process's Set = %q, want %q (it joined a flight whose fetch had failed before the Set)", got, "written")
-			}
-			if n := again.Load(); n != 0 {
-				t.Errorf("the later call computed %d times", n)
-			}
+			wantTheWriteAfterAHeldFlight(t, ctx, c, other, held, release, "failed fetch")
 			select {
-			case err := <-first:
-				if err == nil || !strings.Contains(err.Error(), "boom") {
-					t.Errorf("the flight's own caller got %v, want the fetch's error", err)
+			case got := <-first:
+				if !strings.HasPrefix(got, "error: ") || !strings.Contains(got, "boom") {
+					t.Errorf("the flight's own caller got %q, want the fetch's error", got)
 				}
 			case <-time.After(10 * time.Second):
 				t.Error("the flight's own caller had no answer after 10s")

@@ -922,20 +922,7 @@ func TestGetExternal_ACallerAfterTheAnswerCameLooksAfreshWhileTheReleaseIsHeld(t
 			c := newTestClient(t, b.addr, tag, &Options{LockTTL: 30 * time.Second})
 			other := newTestClient(t, b.addr, tag, nil)
 			raw := rawClient(t, b.addr)
-			held, release := make(chan struct{}), make(chan struct{})
-			var once atomic.Bool
-			c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
-				if isScript(cmd, sc.Release, wire.ReleaseSrc) && !once.Swap(true) {
-					close(held)
-					<-release
-				}
-			}))
-			released := false
-			defer func() {
-				if !released {
-					close(release)
-				}
-			}()
+			held, release := holdScript(t, c, sc.Release, wire.ReleaseSrc)
 			ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 			defer cancel()
 			var token atomic.Value
@@ -953,36 +940,7 @@ func TestGetExternal_ACallerAfterTheAnswerCameLooksAfreshWhileTheReleaseIsHeld(t
 			if err := tc.produce(ctx, raw, wire.NewKeys(tag), token.Load().(string)); err != nil {
 				t.Fatalf("the producer: %v", err)
 			}
-			select {
-			case <-held:
-			case <-ctx.Done():
-				t.Fatal("the flight never released its lock")
-			}
-			if err := other.Set(ctx, "k", []byte("written"), time.Minute); err != nil {
-				t.Fatal(err)
-			}
-			var again atomic.Int64
-			later := getAsync(c, ctx, "k", constFetch(&again, "computed", 0))
-			var got string
-			eventually(t, 10*time.Second, "the later call to end or to join the flight", func() bool {
-				select {
-				case got = <-later:
-					return true
-				default:
-					return c.Stats().Coalesced > 0
-				}
-			})
-			close(release)
-			released = true
-			if got == "" {
-				got = <-later // it joined: it ends with the flight
-			}
-			if got != "written" {
-				t.Errorf("a call begun after another process's Set = %q, want %q (it joined a flight whose answer had come before the Set)", got, "written")
-			}
-			if n := again.Load(); n != 0 {
-				t.Errorf("the later call computed %d times", n)
-			}
+			wantTheWriteAfterAHeldFlight(t, ctx, c, other, held, release, "answer")
 			select {
 			case got := <-first:
 				if !strings.HasPrefix(got, tc.want) {
