@@ -103,7 +103,11 @@ func coreWorks(newClient func() redis.UniversalClient, admin redis.UniversalClie
 	r1, r2 := newClient(), newClient()
 	defer r1.Close()
 	defer r2.Close()
-	holder, err := memolock.New(r1, tag, &memolock.Options{LockTTL: time.Second})
+	// The lock TTL is long enough that a renewal held up by a loaded
+	// machine (every lockTTL/3) does not let the lock expire: with a
+	// second it did under .ci/under-load, and the waiter took over.
+	const lockTTL = 3 * time.Second
+	holder, err := memolock.New(r1, tag, &memolock.Options{LockTTL: lockTTL})
 	if err != nil {
 		return err
 	}
@@ -161,10 +165,12 @@ func coreWorks(newClient func() redis.UniversalClient, admin redis.UniversalClie
 		waited <- err
 	}()
 	// The waiter listens, and the holder's lease has been renewed (its
-	// PTTL went up), before the value comes; either may never happen.
+	// PTTL went up), before the value comes; either may never happen. A
+	// lease that cannot be renewed expires before the wait for a renewal
+	// ends, and the waiter takes over.
 	waitFor(3*time.Second, func() bool { return numsub(keys.Notif(wire)) >= 1 })
 	last := admin.PTTL(ctx, keys.Lock(wire)).Val()
-	waitFor(3*time.Second, func() bool {
+	waitFor(lockTTL+2*time.Second, func() bool {
 		now := admin.PTTL(ctx, keys.Lock(wire)).Val()
 		renewed := now > last
 		last = now
