@@ -243,6 +243,14 @@ func (g *group) detach(key string) {
 		}
 		g.detached[f] = struct{}{}
 	}
+	// A flight detached or sealed before may still answer its callers
+	// with a stale copy (a sealed one hears its holder's failure, then
+	// releases its lock): the copy may be deleted too.
+	for f := range g.detached {
+		if key == "" || f.key == key {
+			f.fallback = nil
+		}
+	}
 }
 
 // seal makes f, whose fetch has returned, a flight that new callers no
