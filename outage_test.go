@@ -198,6 +198,82 @@ func TestGet_StoreToANodeKnownDownWaitsForNoCaller(t *testing.T) {
 	}
 }
 
+// A store tried after the callers, to a node known down, may sit in
+// go-redis's dial retries (held here, honouring its context, as a dial
+// does). Close ends it: Close does not return with the store still
+// writing through a client its owner closes next.
+func TestClose_EndsAStoreTriedAfterTheCallers(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newTestClient(t, srv.Addr, "closestore", &Options{LockTTL: 30 * time.Second})
+	began, ended, unhold := make(chan struct{}), make(chan error, 1), make(chan struct{})
+	defer close(unhold)
+	var stores atomic.Int64
+	store := wire.ScriptsFor(false).Store
+	c.rdb.AddHook(ctxHoldHook{hold: func(ctx context.Context, cmd redis.Cmder) {
+		if !isScript(cmd, store, wire.StoreSrc) || stores.Add(1) != 1 {
+			return
+		}
+		close(began)
+		select {
+		case <-ctx.Done():
+			ended <- ctx.Err()
+		case <-unhold:
+			ended <- nil
+		}
+	}})
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	first := getAsync(c, ctx, "k", blockingFetch(started, release, "v"))
+	select {
+	case <-started:
+	case <-ctx.Done():
+		close(release)
+		t.Fatal("fetch never ran")
+	}
+	srv.Kill()
+	if _, err := c.Get(ctx, "other", constFetch(new(atomic.Int64), "w", 0)); !errors.Is(err, ErrRedis) {
+		close(release)
+		t.Fatalf("Get while Redis is down = %v, want ErrRedis", err)
+	}
+	close(release)
+	if got := <-first; got != "v" {
+		t.Fatalf("the flight's caller got %q, want %q", got, "v")
+	}
+	select {
+	case <-began:
+	case <-ctx.Done():
+		t.Fatal("the store was never tried")
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close = %v", err)
+	}
+	select {
+	case err := <-ended:
+		if err == nil {
+			t.Fatal("the store ended only when the test let it go")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the store still ran 5s after Close returned")
+	}
+}
+
+// ctxHoldHook runs hold before each command, with the command's context.
+type ctxHoldHook struct {
+	hold func(context.Context, redis.Cmder)
+}
+
+func (h ctxHoldHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h ctxHoldHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.hold(ctx, cmd)
+		return next(ctx, cmd)
+	}
+}
+func (h ctxHoldHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
 // FailOpen is for outages only: an error reply from Redis is an answer, and
 // is returned with the server's text.
 func TestGet_FailOpenReturnsErrorReplies(t *testing.T) {

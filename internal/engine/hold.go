@@ -130,7 +130,7 @@ func (e *Engine) computeLocked(p *pursuit, pttl time.Duration) ([]byte, error) {
 		return res.val, nil
 	}
 	if err := e.store(p, res.val, res.ttl, closing); err != nil {
-		p.after = func() { e.storeFailed(f, err) }
+		p.after = func() { e.storeFailed(ctxOf(f), f, err) }
 	}
 	return res.val, nil
 }
@@ -172,7 +172,7 @@ func (e *Engine) fetchFailed(p *pursuit, res fetchResult) ([]byte, error) {
 		// during the refresh) get the failure, or their stale copy.
 		e.log.Warn("memolock: refreshing a value ahead of its expiry failed",
 			"tag", e.keys.Tag(), "id", f.id, "error", res.err)
-		e.releaseWith(f, wire.FailEvent(f.token, res.err), e.cfg.RefreshAhead)
+		e.releaseIn(ctxOf(f), f, wire.FailEvent(f.token, res.err), e.cfg.RefreshAhead)
 		return nil, res.err
 	case e.cfg.StaleTTL > 0 && !errors.Is(res.err, ErrPanicked):
 		if v, ok := e.resurrect(f, res.err); ok {

@@ -75,8 +75,15 @@ func (e *Engine) store(p *pursuit, val []byte, ttl time.Duration, closing bool) 
 // migration lets it, within the lease; waiters elsewhere are told if it
 // cannot. It is also the store, after the callers have their value, of a
 // value whose node was known to be down (see store).
+//
+// Close waits for it, as for any work, and ends it: the store gets until
+// half of closeWait after Close began, and telling waiters of its failure
+// until closeWait. Without that bound a store deferred before Close, riding
+// out go-redis's dial retries to a node that is down, would outlive Close,
+// and write through a client its owner may be closing.
 func (e *Engine) storeMigrating(f *flight, val []byte, ttl time.Duration) {
-	ctx := ctxOf(f)
+	ctx, cancel := e.untilClosed(ctxOf(f), closeWait/2)
+	defer cancel()
 	var stored bool
 	err := e.throughMigration(ctx, func() (err error) {
 		stored, err = e.proto.Store(ctx, f.key, f.token, val, ttl)
@@ -85,9 +92,30 @@ func (e *Engine) storeMigrating(f *flight, val []byte, ttl time.Duration) {
 	switch {
 	case err != nil:
 		e.storeError(f, err)
-		e.storeFailed(f, err)
+		tell, cancel := e.untilClosed(ctxOf(f), closeWait)
+		defer cancel()
+		e.storeFailed(tell, f, err)
 	case !stored:
 		e.leaseLost(f)
+	}
+}
+
+// untilClosed is parent, ended d after Close begins. It bounds work that
+// may begin before Close and that Close waits for.
+func (e *Engine) untilClosed(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(parent)
+	stop := context.AfterFunc(e.lifetime, func() {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-ctx.Done():
+		}
+	})
+	return ctx, func() {
+		stop()
+		cancel()
 	}
 }
 
@@ -156,16 +184,17 @@ func (e *Engine) adoptOwn(own *ownWrite, key string) {
 // (nothing was stored), or else with an abandon event, so that they look
 // again (the script may have stored the value and stopped before its
 // PUBLISH).
-func (e *Engine) storeFailed(f *flight, err error) {
-	if e.release(f, wire.FailEvent(f.token, err)) {
+func (e *Engine) storeFailed(parent context.Context, f *flight, err error) {
+	if e.releaseIn(parent, f, wire.FailEvent(f.token, err), 0) {
 		return
 	}
-	e.abandoned(f)
+	e.abandoned(parent, f)
 }
 
-// abandoned publishes an abandon event for f's token, boundedly.
-func (e *Engine) abandoned(f *flight) {
-	ctx, cancel := context.WithTimeout(ctxOf(f), closeWait)
+// abandoned publishes an abandon event for f's token, boundedly, within
+// parent (ctxOf(f), or less).
+func (e *Engine) abandoned(parent context.Context, f *flight) {
+	ctx, cancel := context.WithTimeout(parent, closeWait)
 	defer cancel()
 	_ = e.throughMigration(ctx, func() error { return e.proto.Abandoned(ctx, f.key, f.token) })
 }
@@ -187,7 +216,7 @@ func (e *Engine) recordNotFound(f *flight, closing bool) {
 		if !e.release(f, wire.AbandonEvent(f.token)) {
 			// The script may have run in part, or the lock expired: tell
 			// waiters anyway.
-			e.abandoned(f)
+			e.abandoned(ctxOf(f), f)
 		}
 	case !done:
 		e.leaseLost(f)
@@ -241,12 +270,13 @@ func (e *Engine) resurrect(f *flight, cause error) ([]byte, bool) {
 // it reports whether it did. A failure is harmless: the lock expires by
 // itself. It is bounded, as it may run while Close waits.
 func (e *Engine) release(f *flight, event string) bool {
-	return e.releaseWith(f, event, 0)
+	return e.releaseIn(ctxOf(f), f, event, 0)
 }
 
-// releaseWith is release with a linger (see wire.ReleaseSrc).
-func (e *Engine) releaseWith(f *flight, event string, linger time.Duration) bool {
-	ctx, cancel := context.WithTimeout(ctxOf(f), closeWait)
+// releaseIn is release within parent (ctxOf(f), or less), with a linger
+// (see wire.ReleaseSrc).
+func (e *Engine) releaseIn(parent context.Context, f *flight, event string, linger time.Duration) bool {
+	ctx, cancel := context.WithTimeout(parent, closeWait)
 	defer cancel()
 	var released bool
 	_ = e.throughMigration(ctx, func() (err error) {
@@ -262,7 +292,7 @@ func (e *Engine) releaseWith(f *flight, event string, linger time.Duration) bool
 // afresh rather than wait for the release (see group.seal).
 func (e *Engine) releaseDone(f *flight) {
 	e.flights.seal(f)
-	e.releaseWith(f, "", wire.LockLinger)
+	e.releaseIn(ctxOf(f), f, "", wire.LockLinger)
 }
 
 // storeError counts and logs a value (or "not found") that Redis failed to
