@@ -417,6 +417,41 @@ func TestGetExternal_WinnerKeepsItsLockUntilTheValueComes(t *testing.T) {
 	}
 }
 
+// The winner of an external-producer flight waits on its own lock from
+// what is left of it once start returns ([E1]): the lock was taken before
+// start. A start that outlasts the lock, with no word from its producer,
+// is followed by a look at once (and, the lock gone, a start again), not
+// a full lock TTL later.
+func TestGetExternal_WinnersTimerRunsFromWhenItTookTheLock(t *testing.T) {
+	b := realBackend(t)
+	const lockTTL = 3 * time.Second
+	c := newTestClient(t, b.addr, "ext5", &Options{LockTTL: lockTTL})
+	raw := rawClient(t, b.addr)
+	var starts atomic.Int64
+	firstEnded := make(chan time.Time, 1)
+	again := make(chan time.Time, 1)
+	start := func(ctx context.Context, l *Lease) error {
+		if starts.Add(1) == 1 {
+			time.Sleep(lockTTL + lockTTL/6) // a hand-off slower than the lock lives
+			firstEnded <- time.Now()
+			return nil
+		}
+		again <- time.Now()
+		raw.Set(bg(), "ext5:q", "pdf", time.Minute)
+		raw.Publish(bg(), "ext5/notif:q", "pdf")
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	v, err := c.GetExternal(ctx, "q", start)
+	if err != nil || string(v) != "pdf" {
+		t.Fatalf("GetExternal = %q, %v; want the second start's value", v, err)
+	}
+	if gap := (<-again).Sub(<-firstEnded); gap > lockTTL/2 {
+		t.Errorf("the second start came %v after the first returned, past its lock; want it at once (a full lock TTL is %v)", gap, lockTTL)
+	}
+}
+
 // A store that fails tells waiters elsewhere at once, instead of leaving
 // them to the lock TTL: with the error when nothing was stored, or by
 // having them look again when the script stored the value and then failed

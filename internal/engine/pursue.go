@@ -106,13 +106,16 @@ func (p *pursuit) pursue(a attempt) ([]byte, error) {
 			}
 			r = wire.Reply{Kind: wire.Busy, PTTL: r.PTTL, Holder: f.token}
 		case r.Kind == wire.Locked:
+			won := time.Now() // about when Redis took the lock
 			if n, _, decided := p.heard(r.PTTL); decided {
 				return n.val, n.err
 			}
 			if n, decided := p.startExternal(); decided {
 				return n.val, n.err
 			}
-			r = wire.Reply{Kind: wire.Busy, PTTL: e.cfg.LockTTL, Holder: f.token}
+			// Its timer runs from what is left of the lock: the takeover
+			// check, going live and start took some of it ([E1]).
+			r = wire.Reply{Kind: wire.Busy, PTTL: max(e.cfg.LockTTL-time.Since(won), 0), Holder: f.token}
 		}
 		n := p.wait(r)
 		if !n.again {

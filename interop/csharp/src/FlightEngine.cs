@@ -170,6 +170,7 @@ namespace MemoLockNet
                 }
                 else if (r.Kind == ReplyKind.Locked)
                 {
+                    var won = Stopwatch.StartNew(); // about when Redis took the lock
                     // External mode: we took the lock. Start the work, unless
                     // the holder we waited on ended first, or, when the flight
                     // took its own expired lock again, a value came; unless
@@ -193,7 +194,9 @@ namespace MemoLockNet
                     w.Started(); // from here its producer may answer late ([E1])
                     var err = StartExternal(f);
                     if (err != null) { w.Own = false; return Next.Fail(err); }
-                    r = new AcquireReply { Kind = ReplyKind.Busy, Pttl = LockTtlMs, Holder = f.Token };
+                    // Our timer runs from what is left of the lock: the
+                    // takeover check, going live and start took some of it ([E1]).
+                    r = new AcquireReply { Kind = ReplyKind.Busy, Pttl = Math.Max(LockTtlMs - won.ElapsedMilliseconds, 0), Holder = f.Token };
                 }
                 var n = w.WaitFor(r);
                 if (!n.Again) return n;

@@ -476,6 +476,36 @@ namespace MemoLockTests
         }
 
         [Test]
+        static void External_WinnersTimerRunsFromWhenItTookTheLock()
+        {
+            // The lock was taken before start: the winner waits on what is
+            // left of it ([E1]). A start that outlasts the lock, with no
+            // word from its producer, is followed by a look at once (and a
+            // start again), not a full lock TTL later.
+            var lockTtl = TimeSpan.FromSeconds(3);
+            With(1, (srv, cs) =>
+            {
+                int starts = 0;
+                var firstEnded = new Stopwatch();
+                long gapMs = -1;
+                Action<Lease> start = l =>
+                {
+                    if (Interlocked.Increment(ref starts) == 1)
+                    {
+                        Thread.Sleep(3500); // a hand-off slower than the lock lives
+                        firstEnded.Start();
+                        return;
+                    }
+                    gapMs = firstEnded.ElapsedMilliseconds;
+                    srv.Call("SET", "t:w", "produced");
+                    srv.Call("PUBLISH", "t/notif:w", "produced");
+                };
+                Assert.Equal("produced", S(cs[0].GetExternal("w", start)), "the second start's value");
+                Assert.True(gapMs >= 0 && gapMs < 1500, "the second start came " + gapMs + " ms after the first returned; want it at once (the lock TTL is 3 s)");
+            }, lockTtl);
+        }
+
+        [Test]
         static void External_ProducerFailureReachesWinnerAndWaiters()
         {
             With(1, (srv, cs) =>

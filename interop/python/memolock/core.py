@@ -368,6 +368,7 @@ class Core:
                 yield from self.act_on_late(f)
                 r = P.Reply(P.BUSY, pttl=r.pttl, holder=f.token)
             elif r.kind == P.LOCKED:
+                won = self.clock()  # about when Redis took the lock
                 pttl = r.pttl
                 retake = w.holder == f.token and f.start is not None
                 if w.holder is not None and w.live and (w.holder != f.token or retake):
@@ -401,7 +402,10 @@ class Core:
                     raise Abandoned("memolock: flight abandoned")
                 w.own = False  # start_external releases it if start fails; busy() takes it back after
                 yield from self.start_external(f)
-                r = P.Reply(P.BUSY, pttl=self.lock_ttl_ms, holder=f.token)
+                # Our timer runs from what is left of the lock: the takeover
+                # check, going live and start took some of it ([E1]).
+                left = self.lock_ttl_ms - int((self.clock() - won) * 1000)
+                r = P.Reply(P.BUSY, pttl=max(left, 0), holder=f.token)
             n = yield from self.wait_for(f, r)
             if n is not AGAIN:
                 return n

@@ -478,6 +478,26 @@ def test_external_winner_is_live_before_it_starts_then_waits_on_its_own_lock(c):
     assert run.result() == b"made elsewhere"
 
 
+def test_external_winner_waits_on_what_is_left_of_its_lock(c, clock):
+    # The lock was taken before going live and start: the winner's timer
+    # runs from what is left of it when start returns ([E1]), not from a
+    # full lock TTL, and a start that outlasts the lock looks again at once.
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    run.expect(core.Script, "acquire")
+    run.send(1)
+    run.expect(core.Watch)
+    run.send("watch")
+    run.expect(core.Take)
+    clock.now += 0.5  # going live took half a second
+    run.send(events(reread=True))
+    run.expect(core.Start)
+    clock.now += 2.0  # and start two seconds
+    run.send()
+    run.expect(core.Take)
+    assert f.wait.deadline == pytest.approx(clock.now + 0.5 + 0.001)
+
+
 def test_external_failure_published_during_start_is_heard(c):
     # The producer failed while start ran: its event, read by the
     # subscription live since before start, ends the flight at once.
