@@ -144,6 +144,34 @@ func TestGet_RedisDownFailsFastAndRecovers(t *testing.T) {
 	}
 }
 
+// fetching starts a Get of id on c whose fetch returns val once released,
+// and waits until that fetch runs. release may be called more than once,
+// and is called when the test ends.
+func fetching(t *testing.T, c *testClient, ctx context.Context, id, val string) (got <-chan string, release func()) {
+	t.Helper()
+	started, ch := make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(release)
+	got = getAsync(c, ctx, id, blockingFetch(started, ch, val))
+	select {
+	case <-started:
+	case <-ctx.Done():
+		t.Fatal("fetch never ran")
+	}
+	return got, release
+}
+
+// killKnown kills srv, and has c find it down: from then on c's process
+// knows it is.
+func killKnown(t *testing.T, c *testClient, srv *redistest.Server, ctx context.Context) {
+	t.Helper()
+	srv.Kill()
+	if _, err := c.Get(ctx, "other", constFetch(new(atomic.Int64), "w", 0)); !errors.Is(err, ErrRedis) {
+		t.Fatalf("Get while Redis is down = %v, want ErrRedis", err)
+	}
+}
+
 // A flight whose Redis went down while fetch ran, and that this process
 // already knows to be down, hands its callers the value before it tries
 // its store: they do not wait for go-redis's dial retries. The store is
@@ -154,6 +182,8 @@ func TestGet_StoreToANodeKnownDownWaitsForNoCaller(t *testing.T) {
 	c := newTestClient(t, srv.Addr, "downstore", &Options{LockTTL: 30 * time.Second})
 	var stores atomic.Int64
 	answered := make(chan struct{})
+	var answer sync.Once
+	t.Cleanup(func() { answer.Do(func() { close(answered) }) }) // before the client's Close
 	store := wire.ScriptsFor(false).Store
 	c.rdb.AddHook(failHook{hold: func(cmd redis.Cmder) <-chan struct{} {
 		if isScript(cmd, store, wire.StoreSrc) {
@@ -162,33 +192,18 @@ func TestGet_StoreToANodeKnownDownWaitsForNoCaller(t *testing.T) {
 		}
 		return nil
 	}})
-	started, release := make(chan struct{}, 1), make(chan struct{})
 	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 	defer cancel()
-	first := getAsync(c, ctx, "k", blockingFetch(started, release, "v"))
-	select {
-	case <-started:
-	case <-ctx.Done():
-		close(release)
-		close(answered)
-		t.Fatal("fetch never ran")
-	}
-	srv.Kill()
-	// Another call finds Redis down: the process knows it from now on.
-	if _, err := c.Get(ctx, "other", constFetch(new(atomic.Int64), "w", 0)); !errors.Is(err, ErrRedis) {
-		close(release)
-		close(answered)
-		t.Fatalf("Get while Redis is down = %v, want ErrRedis", err)
-	}
-	close(release)
+	first, release := fetching(t, c, ctx, "k", "v")
+	killKnown(t, c, srv, ctx)
+	release()
 	select {
 	case got := <-first:
-		close(answered)
+		answer.Do(func() { close(answered) })
 		if got != "v" {
 			t.Fatalf("the flight's caller got %q, want %q", got, "v")
 		}
 	case <-time.After(10 * time.Second):
-		close(answered)
 		t.Fatalf("the flight's caller had no value after 10s (stores sent: %d)", stores.Load())
 	}
 	// The store, tried after, fails: Redis is down.
@@ -221,22 +236,11 @@ func TestClose_EndsAStoreTriedAfterTheCallers(t *testing.T) {
 			ended <- nil
 		}
 	}})
-	started, release := make(chan struct{}, 1), make(chan struct{})
 	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 	defer cancel()
-	first := getAsync(c, ctx, "k", blockingFetch(started, release, "v"))
-	select {
-	case <-started:
-	case <-ctx.Done():
-		close(release)
-		t.Fatal("fetch never ran")
-	}
-	srv.Kill()
-	if _, err := c.Get(ctx, "other", constFetch(new(atomic.Int64), "w", 0)); !errors.Is(err, ErrRedis) {
-		close(release)
-		t.Fatalf("Get while Redis is down = %v, want ErrRedis", err)
-	}
-	close(release)
+	first, release := fetching(t, c, ctx, "k", "v")
+	killKnown(t, c, srv, ctx)
+	release()
 	if got := <-first; got != "v" {
 		t.Fatalf("the flight's caller got %q, want %q", got, "v")
 	}
@@ -429,29 +433,20 @@ func TestGet_StoreWhileANodeIsFalselyKnownDownStillStores(t *testing.T) {
 			return nil
 		},
 	})
-	started, release := make(chan struct{}, 1), make(chan struct{})
 	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 	defer cancel()
-	first := getAsync(c, ctx, "k", blockingFetch(started, release, "v"))
-	select {
-	case <-started:
-	case <-ctx.Done():
-		close(release)
-		t.Fatal("fetch never ran")
-	}
+	first, release := fetching(t, c, ctx, "k", "v")
 	var again atomic.Int64
 	waiter := getAsync(other, ctx, "k", constFetch(&again, "computed by the waiter", 0))
 	parkedAndLive(t, waiterLookups, 2)
 	holdPings.Store(true)
 	if _, err := c.Get(ctx, "trigger", noFetch); !errors.Is(err, ErrRedis) {
-		close(release)
 		t.Fatalf("Get of the failing id = %v, want ErrRedis", err)
 	}
 	if s := c.Stats(); s.Outages != 1 {
-		close(release)
 		t.Fatalf("Outages = %d, want 1", s.Outages)
 	}
-	close(release)
+	release()
 	within(t, 10*time.Second, first, "v", "the flight's caller")
 	within(t, 10*time.Second, waiter, "v", "the waiter in another process")
 	if v, err := other.rdb.Get(ctx, "falsedown:k").Result(); err != nil || v != "v" {
