@@ -263,6 +263,10 @@ func TestGet_FetchErrorReachesWaitersPromptlyAndStoresNothing(t *testing.T) {
 					}()
 				}
 				parkedAndLive(t, looks, 2)
+				// Every waiter in the flight before the failure: one that
+				// began after its flight had the answer would look afresh
+				// (see group.seal), find the lock gone, and fetch.
+				eventually(t, 5*time.Second, "every waiter to join the flight", func() bool { return waiter.Stats().Coalesced == waiters-1 })
 				t0 := time.Now()
 				close(release)
 
