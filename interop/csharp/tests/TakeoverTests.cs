@@ -207,10 +207,30 @@ namespace MemoLockTests
         /// <summary>
         /// Waiters spread their timers: six waiters whose lock expires 5 s
         /// from now look again between its expiry and 1 ms + 500 ms (a tenth
-        /// of the PTTL) after it, not all in the same millisecond.
+        /// of the PTTL) after it, not all in the same millisecond. A loaded
+        /// machine that stalls every thread across the spread bunches the
+        /// looks (seen under .ci/under-load: all six within 5 ms, at 5.43 s),
+        /// so the spread gets three tries; timers that are not spread at all
+        /// fail every one.
         /// </summary>
-        [Test(TimeoutSeconds = 60)]
+        [Test(TimeoutSeconds = 120)]
         static void Takeover_WaitersSpreadTheirTimers()
+        {
+            for (int attempt = 1; ; attempt++)
+            {
+                var after = WaitersLookAgainAfter();
+                string shown = string.Join(", ", after.Select(ms => ms.ToString("0")));
+                Assert.True(after.All(ms => ms >= 5000), "no timer fired before the lock expired: " + shown);
+                Assert.True(after.All(ms => ms <= 5000 + 1 + 500 + 1500), "each within the spread (and a loaded machine's 1.5 s): " + shown);
+                // Six uniform draws from 0-500 ms span less than 50 ms about once in 18000 runs.
+                if (after.Max() - after.Min() >= 50) return;
+                Assert.True(attempt < 3, "the timers are spread, in one of three tries; the last: " + shown);
+                Console.WriteLine("        the looks bunched (" + shown + "): trying again");
+            }
+        }
+
+        /// <summary>When each of six waiters looked again, in ms after their holder's lock was set (PX 5000).</summary>
+        static List<double> WaitersLookAgainAfter()
         {
             using (var srv = new RedisServer())
             {
@@ -235,12 +255,7 @@ namespace MemoLockTests
                     }) { IsBackground = true }).ToList();
                     threads.ForEach(t => t.Start());
                     foreach (var t in threads) Assert.True(t.Join(30000), "a waiter returned");
-                    var after = spies.Select(t => { lock (t.LookupTimes) return (t.LookupTimes[2] - set) * 1000.0 / Stopwatch.Frequency; }).ToList();
-                    string shown = string.Join(", ", after.Select(ms => ms.ToString("0")));
-                    Assert.True(after.All(ms => ms >= 5000), "no timer fired before the lock expired: " + shown);
-                    Assert.True(after.All(ms => ms <= 5000 + 1 + 500 + 1500), "each within the spread (and a loaded machine's 1.5 s): " + shown);
-                    // Six uniform draws from 0-500 ms span less than 50 ms about once in 18000 runs.
-                    Assert.True(after.Max() - after.Min() >= 50, "the timers are spread: " + shown);
+                    return spies.Select(t => { lock (t.LookupTimes) return (t.LookupTimes[2] - set) * 1000.0 / Stopwatch.Frequency; }).ToList();
                 }
                 finally
                 {
