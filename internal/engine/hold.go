@@ -130,7 +130,7 @@ func (e *Engine) computeLocked(p *pursuit, pttl time.Duration) ([]byte, error) {
 		return res.val, nil
 	}
 	if err := e.store(p, res.val, res.ttl, closing); err != nil {
-		p.after = func() { e.storeFailed(ctxOf(f), f, err) }
+		p.after = func() { e.storeFailed(f, err) }
 	}
 	return res.val, nil
 }

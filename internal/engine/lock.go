@@ -92,9 +92,7 @@ func (e *Engine) storeMigrating(f *flight, val []byte, ttl time.Duration) {
 	switch {
 	case err != nil:
 		e.storeError(f, err)
-		tell, cancel := e.untilClosed(ctxOf(f), closeWait)
-		defer cancel()
-		e.storeFailed(tell, f, err)
+		e.storeFailed(f, err)
 	case !stored:
 		e.leaseLost(f)
 	}
@@ -183,12 +181,15 @@ func (e *Engine) adoptOwn(own *ownWrite, key string) {
 // than when the lock expires: with a fail event if the lock is still ours
 // (nothing was stored), or else with an abandon event, so that they look
 // again (the script may have stored the value and stopped before its
-// PUBLISH).
-func (e *Engine) storeFailed(parent context.Context, f *flight, err error) {
-	if e.releaseIn(parent, f, wire.FailEvent(f.token, err), 0) {
+// PUBLISH). It runs after the callers have their value, as Close may
+// begin: both writes together get until closeWait after Close began.
+func (e *Engine) storeFailed(f *flight, err error) {
+	ctx, cancel := e.untilClosed(ctxOf(f), closeWait)
+	defer cancel()
+	if e.releaseIn(ctx, f, wire.FailEvent(f.token, err), 0) {
 		return
 	}
-	e.abandoned(parent, f)
+	e.abandoned(ctx, f)
 }
 
 // abandoned publishes an abandon event for f's token, boundedly, within
