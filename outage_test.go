@@ -252,13 +252,16 @@ func TestClose_EndsAStoreTriedAfterTheCallers(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatalf("Close = %v", err)
 	}
+	// Its bound (half of closeWait) ends well before Close's wait does:
+	// the store has ended when Close returns. A moment's slack for a
+	// loaded machine.
 	select {
 	case err := <-ended:
 		if err == nil {
 			t.Fatal("the store ended only when the test let it go")
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the store still ran 5s after Close returned")
+	case <-time.After(200 * time.Millisecond):
+		t.Fatal("the store still ran after Close returned")
 	}
 }
 
