@@ -13,6 +13,7 @@ import (
 
 	"github.com/memolock/memolock/internal/engine"
 	"github.com/memolock/memolock/internal/redistest"
+	"github.com/memolock/memolock/internal/wire"
 )
 
 // These tests break connections at chosen moments, through
@@ -449,6 +450,54 @@ func TestGetExternal_WinnersTimerRunsFromWhenItTookTheLock(t *testing.T) {
 	}
 	if gap := (<-again).Sub(<-firstEnded); gap > lockTTL/2 {
 		t.Errorf("the second start came %v after the first returned, past its lock; want it at once (a full lock TTL is %v)", gap, lockTTL)
+	}
+}
+
+// The lookup that takes the external winner's lock may be a retry of one
+// whose reply was lost (go-redis retries a command whose connection
+// dropped after the server ran it): it finds the lock already the
+// flight's, with what is left of it, "exactly as if the reply had been 1"
+// (PROTOCOL.md, acquire). The winner's timer runs from that, not from a
+// full lock TTL ([E1]). Here the first run took the lock 2.5 s before
+// the retry (a hook sets the lock as that run left it: the flight's token,
+// 500 ms left), and start returns with no word from its producer: the
+// second start comes once those 500 ms are out, not a lock TTL after.
+func TestGetExternal_WinnersTimerRunsFromALockFoundAlreadyOurs(t *testing.T) {
+	b := realBackend(t)
+	const lockTTL = 3 * time.Second
+	c := newTestClient(t, b.addr, "ext6", &Options{LockTTL: lockTTL})
+	raw := rawClient(t, b.addr)
+	var acquires atomic.Int64
+	c.rdb.AddHook(hookEach(func(cmd redis.Cmder) {
+		if !isScript(cmd, wire.Acquire, wire.AcquireSrc) || acquires.Add(1) != 1 {
+			return
+		}
+		args := cmd.Args()
+		keys, _ := args[2].(int)
+		token := fmt.Sprint(args[3+keys])
+		raw.Set(bg(), "ext6/lock:q", token, 500*time.Millisecond)
+	}))
+	var starts atomic.Int64
+	firstEnded := make(chan time.Time, 1)
+	again := make(chan time.Time, 1)
+	start := func(ctx context.Context, l *Lease) error {
+		if starts.Add(1) == 1 {
+			firstEnded <- time.Now()
+			return nil
+		}
+		again <- time.Now()
+		raw.Set(bg(), "ext6:q", "pdf", time.Minute)
+		raw.Publish(bg(), "ext6/notif:q", "pdf")
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	v, err := c.GetExternal(ctx, "q", start)
+	if err != nil || string(v) != "pdf" {
+		t.Fatalf("GetExternal = %q, %v; want the second start's value", v, err)
+	}
+	if gap := (<-again).Sub(<-firstEnded); gap > lockTTL/2 {
+		t.Errorf("the second start came %v after the first returned; want it once the 500 ms left of the lock found ours were out (a full lock TTL is %v)", gap, lockTTL)
 	}
 }
 

@@ -107,6 +107,12 @@ func (p *pursuit) pursue(a attempt) ([]byte, error) {
 			r = wire.Reply{Kind: wire.Busy, PTTL: r.PTTL, Holder: f.token}
 		case r.Kind == wire.Locked:
 			won := time.Now() // about when Redis took the lock
+			left := e.cfg.LockTTL
+			if r.PTTL >= 0 {
+				// Found already ours (a retried lookup whose first reply
+				// was lost): the lock has what the reply says left.
+				left = r.PTTL
+			}
 			if n, _, decided := p.heard(r.PTTL); decided {
 				return n.val, n.err
 			}
@@ -115,7 +121,7 @@ func (p *pursuit) pursue(a attempt) ([]byte, error) {
 			}
 			// Its timer runs from what is left of the lock: the takeover
 			// check, going live and start took some of it ([E1]).
-			r = wire.Reply{Kind: wire.Busy, PTTL: max(e.cfg.LockTTL-time.Since(won), 0), Holder: f.token}
+			r = wire.Reply{Kind: wire.Busy, PTTL: max(left-time.Since(won), 0), Holder: f.token}
 		}
 		n := p.wait(r)
 		if !n.again {

@@ -171,6 +171,9 @@ namespace MemoLockNet
                 else if (r.Kind == ReplyKind.Locked)
                 {
                     var won = Stopwatch.StartNew(); // about when Redis took the lock
+                    // Found already ours (a retried lookup whose first reply
+                    // was lost): the lock has what the reply says left.
+                    long held = r.Pttl >= 0 ? r.Pttl : LockTtlMs;
                     // External mode: we took the lock. Start the work, unless
                     // the holder we waited on ended first, or, when the flight
                     // took its own expired lock again, a value came; unless
@@ -196,7 +199,7 @@ namespace MemoLockNet
                     if (err != null) { w.Own = false; return Next.Fail(err); }
                     // Our timer runs from what is left of the lock: the
                     // takeover check, going live and start took some of it ([E1]).
-                    r = new AcquireReply { Kind = ReplyKind.Busy, Pttl = Math.Max(LockTtlMs - won.ElapsedMilliseconds, 0), Holder = f.Token };
+                    r = new AcquireReply { Kind = ReplyKind.Busy, Pttl = Math.Max(held - won.ElapsedMilliseconds, 0), Holder = f.Token };
                 }
                 var n = w.WaitFor(r);
                 if (!n.Again) return n;

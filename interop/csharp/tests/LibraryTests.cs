@@ -506,6 +506,42 @@ namespace MemoLockTests
         }
 
         [Test]
+        static void External_WinnersTimerRunsFromALockFoundAlreadyOurs()
+        {
+            // A retried lookup whose first reply was lost finds the lock
+            // already the flight's, with what is left of it, as if the
+            // reply had been 1: the winner's timer runs from that, not from
+            // a full lock TTL ([E1]). The first run took the lock 2.5 s
+            // before the retry (set here as it left it: our token, 500 ms
+            // left); start returns with no word from its producer, and the
+            // second start comes once those 500 ms are out.
+            var lockTtl = TimeSpan.FromSeconds(3);
+            With(1, (srv, cs, spies) =>
+            {
+                spies[0].BeforeLookupArgs = (n, args) =>
+                {
+                    if (n == 1) srv.Call("SET", "t/lock:w", (byte[])args[0], "PX", "500");
+                };
+                int starts = 0;
+                var firstEnded = new Stopwatch();
+                long gapMs = -1;
+                Action<Lease> start = l =>
+                {
+                    if (Interlocked.Increment(ref starts) == 1)
+                    {
+                        firstEnded.Start();
+                        return;
+                    }
+                    gapMs = firstEnded.ElapsedMilliseconds;
+                    srv.Call("SET", "t:w", "produced");
+                    srv.Call("PUBLISH", "t/notif:w", "produced");
+                };
+                Assert.Equal("produced", S(cs[0].GetExternal("w", start)), "the second start's value");
+                Assert.True(gapMs >= 0 && gapMs < 1500, "the second start came " + gapMs + " ms after the first returned; want it once the 500 ms left of the lock found ours were out (the lock TTL is 3 s)");
+            }, lockTtl);
+        }
+
+        [Test]
         static void External_ProducerFailureReachesWinnerAndWaiters()
         {
             With(1, (srv, cs) =>

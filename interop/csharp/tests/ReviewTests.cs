@@ -26,6 +26,8 @@ namespace MemoLockTests
         public readonly List<long> LookupTimes = new List<long>();
         /// <summary>Runs before each lookup goes out, with its number (1 for the first).</summary>
         public Action<int> BeforeLookup;
+        /// <summary>As BeforeLookup, with the script's arguments too (the first is the flight's token).</summary>
+        public Action<int, object[]> BeforeLookupArgs;
         /// <summary>Runs after each lookup's reply came, with its number and the reply, before memolock reads it.</summary>
         public Action<int, object> AfterLookup;
         /// <summary>PINGs sent on its pub/sub connections (markers and probes).</summary>
@@ -49,6 +51,8 @@ namespace MemoLockTests
                 lock (LookupTimes) { LookupTimes.Add(Stopwatch.GetTimestamp()); n = LookupTimes.Count; }
                 var hook = BeforeLookup;
                 if (hook != null) hook(n);
+                var withArgs = BeforeLookupArgs;
+                if (withArgs != null) withArgs(n, args);
             }
             var r = Inner.Eval(script, sha1, keys, args);
             if (sha1 == Scripts.Acquire.Sha1)

@@ -369,6 +369,9 @@ class Core:
                 r = P.Reply(P.BUSY, pttl=r.pttl, holder=f.token)
             elif r.kind == P.LOCKED:
                 won = self.clock()  # about when Redis took the lock
+                # Found already ours (a retried acquire whose first reply
+                # was lost): the lock has what the reply says left.
+                held_ms = r.pttl if r.pttl >= 0 else self.lock_ttl_ms
                 pttl = r.pttl
                 retake = w.holder == f.token and f.start is not None
                 if w.holder is not None and w.live and (w.holder != f.token or retake):
@@ -404,7 +407,7 @@ class Core:
                 yield from self.start_external(f)
                 # Our timer runs from what is left of the lock: the takeover
                 # check, going live and start took some of it ([E1]).
-                left = self.lock_ttl_ms - int((self.clock() - won) * 1000)
+                left = held_ms - int((self.clock() - won) * 1000)
                 r = P.Reply(P.BUSY, pttl=max(left, 0), holder=f.token)
             n = yield from self.wait_for(f, r)
             if n is not AGAIN:

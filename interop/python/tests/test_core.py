@@ -498,6 +498,26 @@ def test_external_winner_waits_on_what_is_left_of_its_lock(c, clock):
     assert f.wait.deadline == pytest.approx(clock.now + 0.5 + 0.001)
 
 
+def test_external_winner_waits_on_what_is_left_of_a_lock_found_already_ours(c, clock):
+    # A retried acquire whose first reply was lost finds the lock already
+    # ours with 2.8 s left, exactly as if it had answered 1 then: the
+    # winner's timer runs from those 2.8 s, not from a full lock TTL ([E1]).
+    f = flight(c, start=lambda lease: None)
+    run = Run(c.pursue(f))
+    run.expect(core.Script, "acquire")
+    run.send([2800, f.token])
+    run.expect(core.Watch)
+    run.send("watch")
+    run.expect(core.Take)
+    clock.now += 0.5  # going live took half a second
+    run.send(events(reread=True))
+    run.expect(core.Start)
+    clock.now += 2.0  # and start two seconds
+    run.send()
+    run.expect(core.Take)
+    assert f.wait.deadline == pytest.approx(clock.now + 0.3 + 0.001)
+
+
 def test_external_failure_published_during_start_is_heard(c):
     # The producer failed while start ran: its event, read by the
     # subscription live since before start, ends the flight at once.
