@@ -342,6 +342,76 @@ func TestClose_EndsTellingOfAFailedStoreAfterTheCallers(t *testing.T) {
 	}
 }
 
+// A store tried after the callers that Close cuts (see
+// TestClose_EndsAStoreTriedAfterTheCallers) failed for this process's
+// shutdown, not for the value: waiters in another process, to whom the
+// node is fine, take over ([C9]), rather than fail with the holder's
+// "context canceled". The node is falsely known down here, as in
+// TestGet_StoreWhileANodeIsFalselyKnownDownStillStores, and the store held
+// until Close cuts it.
+func TestClose_CuttingAStoreAfterTheCallersHandsTheLockOver(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newTestClient(t, srv.Addr, "cutstore", &Options{LockTTL: 30 * time.Second})
+	other := newTestClient(t, srv.Addr, "cutstore", nil)
+	waiterLookups := countLookups(other.rdb, "cutstore:k")
+	pings := make(chan struct{})
+	var holdPings atomic.Bool
+	defer func() {
+		if holdPings.Swap(false) {
+			close(pings)
+		}
+	}()
+	c.rdb.AddHook(failHook{
+		fail: func(cmd redis.Cmder) error {
+			if slices.Contains(cmd.Args(), any("cutstore:trigger")) {
+				return &net.OpError{Op: "read", Net: "tcp", Err: errors.New("injected: connection reset")}
+			}
+			return nil
+		},
+		hold: func(cmd redis.Cmder) <-chan struct{} {
+			if cmd.Name() == "ping" && holdPings.Load() {
+				return pings
+			}
+			return nil
+		},
+	})
+	began, unhold := make(chan struct{}), make(chan struct{})
+	defer close(unhold)
+	var stores atomic.Int64
+	store := wire.ScriptsFor(false).Store
+	c.rdb.AddHook(ctxHoldHook{hold: func(ctx context.Context, cmd redis.Cmder) {
+		if !isScript(cmd, store, wire.StoreSrc) || stores.Add(1) != 1 {
+			return
+		}
+		close(began)
+		select {
+		case <-ctx.Done():
+		case <-unhold:
+		}
+	}})
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	first, release := fetching(t, c, ctx, "k", "v")
+	var again atomic.Int64
+	waiter := getAsync(other, ctx, "k", constFetch(&again, "computed by the waiter", 0))
+	parkedAndLive(t, waiterLookups, 2)
+	holdPings.Store(true)
+	if _, err := c.Get(ctx, "trigger", noFetch); !errors.Is(err, ErrRedis) {
+		t.Fatalf("Get of the failing id = %v, want ErrRedis", err)
+	}
+	release()
+	within(t, 10*time.Second, first, "v", "the flight's caller")
+	select {
+	case <-began:
+	case <-ctx.Done():
+		t.Fatal("the store was never tried")
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close = %v", err)
+	}
+	within(t, 10*time.Second, waiter, "computed by the waiter", "the waiter in another process (lock TTL 30s)")
+}
+
 // ctxHoldHook runs hold before each command, with the command's context.
 type ctxHoldHook struct {
 	hold func(context.Context, redis.Cmder)

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/memolock/memolock/internal/wire"
@@ -181,12 +182,20 @@ func (e *Engine) adoptOwn(own *ownWrite, key string) {
 // than when the lock expires: with a fail event if the lock is still ours
 // (nothing was stored), or else with an abandon event, so that they look
 // again (the script may have stored the value and stopped before its
-// PUBLISH). It runs after the callers have their value, as Close may
-// begin: both writes together get until closeWait after Close began.
+// PUBLISH). A store that Close cut (its context ended: nothing else ends
+// it) failed for this process's shutdown, not for the value: waiters are
+// told with an abandon event either way, and take over, as for a fetch
+// that Close cancelled ([C9]). It runs after the callers have their
+// value, as Close may begin: both writes together get until closeWait
+// after Close began.
 func (e *Engine) storeFailed(f *flight, err error) {
 	ctx, cancel := e.untilClosed(ctxOf(f), closeWait)
 	defer cancel()
-	if e.releaseIn(ctx, f, wire.FailEvent(f.token, err), 0) {
+	event := wire.FailEvent(f.token, err)
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		event = wire.AbandonEvent(f.token)
+	}
+	if e.releaseIn(ctx, f, event, 0) {
 		return
 	}
 	e.abandoned(ctx, f)
