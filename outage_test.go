@@ -412,6 +412,60 @@ func TestClose_CuttingAStoreAfterTheCallersHandsTheLockOver(t *testing.T) {
 	within(t, 10*time.Second, waiter, "computed by the waiter", "the waiter in another process (lock TTL 30s)")
 }
 
+// A store begun before Close, held (honouring its context, as go-redis's
+// timeouts against a stalled server would, only later): Close ends it as
+// it ends one tried after the callers, instead of returning with it still
+// writing, and a waiter in another process takes over.
+func TestClose_EndsAStoreBegunBeforeIt(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newTestClient(t, srv.Addr, "closeinline", &Options{LockTTL: 30 * time.Second})
+	other := newTestClient(t, srv.Addr, "closeinline", nil)
+	waiterLookups := countLookups(other.rdb, "closeinline:k")
+	began, ended, unhold := make(chan struct{}), make(chan error, 1), make(chan struct{})
+	defer close(unhold)
+	var stores atomic.Int64
+	store := wire.ScriptsFor(false).Store
+	c.rdb.AddHook(ctxHoldHook{hold: func(ctx context.Context, cmd redis.Cmder) {
+		if !isScript(cmd, store, wire.StoreSrc) || stores.Add(1) != 1 {
+			return
+		}
+		close(began)
+		select {
+		case <-ctx.Done():
+			ended <- ctx.Err()
+		case <-unhold:
+			ended <- nil
+		}
+	}})
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	first, release := fetching(t, c, ctx, "k", "v")
+	var again atomic.Int64
+	waiter := getAsync(other, ctx, "k", constFetch(&again, "computed by the waiter", 0))
+	parkedAndLive(t, waiterLookups, 2)
+	release()
+	select {
+	case <-began:
+	case <-ctx.Done():
+		t.Fatal("the store was never tried")
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close = %v", err)
+	}
+	// Half of closeWait for the store, Close waits closeWait: ended by
+	// Close's return, with a moment's slack for a loaded machine.
+	select {
+	case err := <-ended:
+		if err == nil {
+			t.Fatal("the store ended only when the test let it go")
+		}
+	case <-time.After(200 * time.Millisecond):
+		t.Error("the store still ran after Close returned")
+	}
+	within(t, 5*time.Second, first, "error: "+ErrClosed.Error(), "the flight's caller")
+	within(t, 10*time.Second, waiter, "computed by the waiter", "the waiter in another process (lock TTL 30s)")
+}
+
 // ctxHoldHook runs hold before each command, with the command's context.
 type ctxHoldHook struct {
 	hold func(context.Context, redis.Cmder)

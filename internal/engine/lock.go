@@ -18,12 +18,16 @@ func ctxOf(f *flight) context.Context {
 }
 
 // holderCtx is the context of a holder's last write: its flight's values,
-// and bounded once Close has begun.
-func holderCtx(f *flight, closing bool) (context.Context, context.CancelFunc) {
+// and bounded once Close has begun: by closeWait if it had (closing) when
+// the write began, else by half of closeWait after it begins, which leaves
+// telling waiters of a write that failed (storeFailed) the rest. A write
+// begun before Close may otherwise sit in go-redis's timeouts against a
+// stalled server well past Close.
+func (e *Engine) holderCtx(f *flight, closing bool) (context.Context, context.CancelFunc) {
 	if closing {
 		return context.WithTimeout(ctxOf(f), closeWait)
 	}
-	return ctxOf(f), func() {}
+	return e.untilClosed(ctxOf(f), closeWait/2)
 }
 
 // store writes the value if the lease still holds. It returns the error of
@@ -31,7 +35,7 @@ func holderCtx(f *flight, closing bool) (context.Context, context.CancelFunc) {
 // have their value.
 func (e *Engine) store(p *pursuit, val []byte, ttl time.Duration, closing bool) error {
 	f := p.f
-	ctx, cancel := holderCtx(f, closing)
+	ctx, cancel := e.holderCtx(f, closing)
 	defer cancel()
 	if _, down := e.nodes.check(ctx, f.key); down != nil && !closing {
 		// A node known to be down (or whose master cannot be found): the
@@ -213,7 +217,7 @@ func (e *Engine) abandoned(parent context.Context, f *flight) {
 // the waiters elsewhere. If that fails, the lock is released with an
 // abandon event, so that waiters look again at once.
 func (e *Engine) recordNotFound(f *flight, closing bool) {
-	ctx, cancel := holderCtx(f, closing)
+	ctx, cancel := e.holderCtx(f, closing)
 	defer cancel()
 	var done bool
 	err := e.throughMigration(ctx, func() (err error) {
@@ -238,7 +242,7 @@ func (e *Engine) recordNotFound(f *flight, closing bool) {
 // released with an abandon event, so that waiters look again (and compute
 // for themselves) at once.
 func (e *Engine) uncached(f *flight, val []byte, closing bool) {
-	ctx, cancel := holderCtx(f, closing)
+	ctx, cancel := e.holderCtx(f, closing)
 	defer cancel()
 	var published bool
 	err := e.throughMigration(ctx, func() (err error) {
