@@ -466,6 +466,50 @@ func TestClose_EndsAStoreBegunBeforeIt(t *testing.T) {
 	within(t, 10*time.Second, waiter, "computed by the waiter", "the waiter in another process (lock TTL 30s)")
 }
 
+// A renewal of a running fetch's lock, begun before Close and held
+// (honouring its context, as go-redis's timeouts against a stalled server
+// would, only later): Close ends it too, instead of returning with it
+// still writing.
+func TestClose_EndsARenewalUnderWay(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newTestClient(t, srv.Addr, "closerenew", &Options{LockTTL: 300 * time.Millisecond})
+	began, ended, unhold := make(chan struct{}), make(chan error, 1), make(chan struct{})
+	defer close(unhold)
+	var renewals atomic.Int64
+	renew := wire.ScriptsFor(false).Renew
+	c.rdb.AddHook(ctxHoldHook{hold: func(ctx context.Context, cmd redis.Cmder) {
+		if !isScript(cmd, renew, wire.RenewSrc) || renewals.Add(1) != 1 {
+			return
+		}
+		close(began)
+		select {
+		case <-ctx.Done():
+			ended <- ctx.Err()
+		case <-unhold:
+			ended <- nil
+		}
+	}})
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	_, _ = fetching(t, c, ctx, "k", "v")
+	select {
+	case <-began:
+	case <-ctx.Done():
+		t.Fatal("the lock was never renewed")
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close = %v", err)
+	}
+	select {
+	case err := <-ended:
+		if err == nil {
+			t.Fatal("the renewal ended only when the test let it go")
+		}
+	case <-time.After(200 * time.Millisecond):
+		t.Error("the renewal still ran after Close returned")
+	}
+}
+
 // ctxHoldHook runs hold before each command, with the command's context.
 type ctxHoldHook struct {
 	hold func(context.Context, redis.Cmder)

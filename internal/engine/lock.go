@@ -365,7 +365,10 @@ func (e *Engine) watchdog(f *flight, lease *wire.Lease, pttl time.Duration) (sto
 				go func() {
 					defer e.work.done()
 					defer running.done()
-					if held, err := lease.Renew(ctxOf(f), e.cfg.LockTTL); err == nil && !held {
+					// Close waits for it, and ends it: see holderCtx.
+					ctx, cancel := e.untilClosed(ctxOf(f), closeWait/2)
+					defer cancel()
+					if held, err := lease.Renew(ctx, e.cfg.LockTTL); err == nil && !held {
 						select {
 						case lost <- struct{}{}:
 						default: // another renewal said so already
