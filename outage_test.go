@@ -265,80 +265,94 @@ func TestClose_EndsAStoreTriedAfterTheCallers(t *testing.T) {
 	}
 }
 
-// A store that failed is told to waiters elsewhere after the callers have
-// the value: a release with a fail event and, if that fails, an abandon
-// event. Both may sit in go-redis's retries (held here, honouring their
-// contexts). Close ends them as it ends the store itself: neither is still
-// under way once Close has returned.
-func TestClose_EndsTellingOfAFailedStoreAfterTheCallers(t *testing.T) {
-	srv := redistest.Start(t)
-	c := newTestClient(t, srv.Addr, "closetell", &Options{LockTTL: 30 * time.Second})
+// A write of a holder that failed is told to waiters elsewhere: a
+// release (with a fail event after a store, an abandon event after a
+// "not found") and, if that fails, an abandon event. Both may sit in
+// go-redis's retries (held here, honouring their contexts). Close ends
+// them as it ends the write itself: neither is still under way once Close
+// has returned. For the store, the telling comes after the callers have
+// the value; for "not found", before.
+func TestClose_EndsTellingOfAFailedWrite(t *testing.T) {
 	scripts := wire.ScriptsFor(false)
-	c.rdb.AddHook(failHook{fail: func(cmd redis.Cmder) error {
-		if isScript(cmd, scripts.Store, wire.StoreSrc) {
-			return errors.New("injected: the store failed")
-		}
-		return nil
-	}})
-	began, unhold := make(chan struct{}), make(chan struct{})
-	defer close(unhold)
-	var mu sync.Mutex
-	var held int          // release and abandon calls held now
-	var lastEnd time.Time // when the last of them ended
-	var abandonEnded bool
-	events := "closetell/lock-event:k"
-	var releases atomic.Int64
-	c.rdb.AddHook(ctxHoldHook{hold: func(ctx context.Context, cmd redis.Cmder) {
-		release := isScript(cmd, scripts.Release, wire.ReleaseSrc)
-		abandon := cmd.Name() == "publish" && fmt.Sprint(cmd.Args()[1]) == events
-		if !release && !abandon {
-			return
-		}
-		mu.Lock()
-		held++
-		mu.Unlock()
-		if release && releases.Add(1) == 1 {
-			close(began)
-		}
-		select {
-		case <-ctx.Done():
-		case <-unhold:
-		}
-		mu.Lock()
-		held--
-		lastEnd = time.Now()
-		abandonEnded = abandonEnded || abandon
-		mu.Unlock()
-	}})
-	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
-	defer cancel()
-	v, err := c.Get(ctx, "k", constFetch(new(atomic.Int64), "v", 0))
-	if err != nil || string(v) != "v" {
-		t.Fatalf("Get = %q, %v; want the value, whose store fails after", v, err)
+	cases := []struct {
+		name   string
+		script *redis.Script
+		src    string
+		fetch  FetchFunc
+	}{
+		{"store", scripts.Store, wire.StoreSrc, constFetch(new(atomic.Int64), "v", 0)},
+		{"not found", scripts.NotFound, wire.NotFoundSrc, notFoundFetch(new(atomic.Int64))},
 	}
-	select {
-	case <-began:
-	case <-ctx.Done():
-		t.Fatal("the failed store was never told")
-	}
-	if err := c.Close(); err != nil {
-		t.Fatalf("Close = %v", err)
-	}
-	closed := time.Now()
-	eventually(t, 10*time.Second, "the abandon event to be tried", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return abandonEnded && held == 0
-	})
-	mu.Lock()
-	defer mu.Unlock()
-	// The telling's bound ends as Close's own wait does (closeWait after
-	// Close began), so that its goroutine returns a moment after Close
-	// (with its context done: nothing is written then): some slack for
-	// that and a loaded machine. Without the bound the abandon event is
-	// held a full closeWait after the release, past Close.
-	if late := lastEnd.Sub(closed); late > 500*time.Millisecond {
-		t.Errorf("telling of the failed store ran %v after Close returned", late)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			c := newTestClient(t, srv.Addr, "closetell", &Options{LockTTL: 30 * time.Second, NegTTL: time.Minute})
+			c.rdb.AddHook(failHook{fail: func(cmd redis.Cmder) error {
+				if isScript(cmd, tc.script, tc.src) {
+					return errors.New("injected: the write failed")
+				}
+				return nil
+			}})
+			began, unhold := make(chan struct{}), make(chan struct{})
+			defer close(unhold)
+			var mu sync.Mutex
+			var held int          // release and abandon calls held now
+			var lastEnd time.Time // when the last of them ended
+			var abandonEnded bool
+			events := "closetell/lock-event:k"
+			var releases atomic.Int64
+			c.rdb.AddHook(ctxHoldHook{hold: func(ctx context.Context, cmd redis.Cmder) {
+				release := isScript(cmd, scripts.Release, wire.ReleaseSrc)
+				abandon := cmd.Name() == "publish" && fmt.Sprint(cmd.Args()[1]) == events
+				if !release && !abandon {
+					return
+				}
+				mu.Lock()
+				held++
+				mu.Unlock()
+				if release && releases.Add(1) == 1 {
+					close(began)
+				}
+				select {
+				case <-ctx.Done():
+				case <-unhold:
+				}
+				mu.Lock()
+				held--
+				lastEnd = time.Now()
+				abandonEnded = abandonEnded || abandon
+				mu.Unlock()
+			}})
+			ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+			defer cancel()
+			got := getAsync(c, ctx, "k", tc.fetch)
+			select {
+			case <-began:
+			case <-ctx.Done():
+				t.Fatal("the failed write was never told")
+			}
+			if err := c.Close(); err != nil {
+				t.Fatalf("Close = %v", err)
+			}
+			closed := time.Now()
+			within(t, 5*time.Second, got, map[string]string{"store": "v", "not found": "error: " + ErrClosed.Error()}[tc.name], "the caller")
+			eventually(t, 10*time.Second, "the abandon event to be tried", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return abandonEnded && held == 0
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			// The telling's bound ends as Close's own wait does (closeWait
+			// after Close began), so that its goroutine returns a moment
+			// after Close (with its context done: nothing is written
+			// then): some slack for that and a loaded machine. Without the
+			// bound the abandon event is held a full closeWait after the
+			// release, past Close.
+			if late := lastEnd.Sub(closed); late > 500*time.Millisecond {
+				t.Errorf("telling of the failed write ran %v after Close returned", late)
+			}
+		})
 	}
 }
 

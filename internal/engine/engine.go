@@ -88,8 +88,9 @@ type Engine struct {
 	// control calls under way (a long Purge) and GetMany reads stop.
 	lifetime    context.Context
 	endLifetime context.CancelFunc
-	closed      chan struct{} // closed when Close has finished
-	closing     atomic.Bool   // Close has begun: the L1 answers no more
+	endedAt     atomic.Pointer[time.Time] // when Close ended lifetime: see untilClosed
+	closed      chan struct{}             // closed when Close has finished
+	closing     atomic.Bool               // Close has begun: the L1 answers no more
 }
 
 // New returns an engine for cfg, which package memolock has validated.
@@ -280,6 +281,8 @@ func (e *Engine) Close() {
 		}
 		return
 	}
+	ended := time.Now()
+	e.endedAt.Store(&ended)
 	e.endLifetime()
 	if e.l1 != nil {
 		// Nothing invalidates the L1 once its connection is closed.

@@ -201,7 +201,7 @@ func (e *Engine) relay(p *pursuit, event func(token string) string) {
 // publish publishes event on f's events channel, as far as it can within
 // closeWait.
 func (e *Engine) publish(f *flight, event string) {
-	ctx, cancel := context.WithTimeout(ctxOf(f), closeWait)
+	ctx, cancel := e.forCloseWait(ctxOf(f))
 	defer cancel()
 	_ = e.throughMigration(ctx, func() error { return e.proto.Event(ctx, f.key, event) })
 }

@@ -103,12 +103,26 @@ func (e *Engine) storeMigrating(f *flight, val []byte, ttl time.Duration) {
 	}
 }
 
-// untilClosed is parent, ended d after Close begins. It bounds work that
-// may begin before Close and that Close waits for.
+// forCloseWait is parent, ended closeWait from now or closeWait after Close
+// begins, whichever comes first: a write that Close may have to wait for.
+// Bounded by closeWait alone, one begun before Close would outlive it.
+func (e *Engine) forCloseWait(parent context.Context) (context.Context, context.CancelFunc) {
+	timed, cancelTimed := context.WithTimeout(parent, closeWait)
+	ctx, cancel := e.untilClosed(timed, closeWait)
+	return ctx, func() {
+		cancel()
+		cancelTimed()
+	}
+}
+
+// untilClosed is parent, ended d after Close begins (at once if that has
+// passed). It bounds work that may begin before Close and that Close waits
+// for, and work begun after Close began, each step of which would
+// otherwise get d of its own.
 func (e *Engine) untilClosed(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(parent)
 	stop := context.AfterFunc(e.lifetime, func() {
-		t := time.NewTimer(d)
+		t := time.NewTimer(time.Until(e.endedAt.Load().Add(d)))
 		defer t.Stop()
 		select {
 		case <-t.C:
@@ -208,7 +222,7 @@ func (e *Engine) storeFailed(f *flight, err error) {
 // abandoned publishes an abandon event for f's token, boundedly, within
 // parent (ctxOf(f), or less).
 func (e *Engine) abandoned(parent context.Context, f *flight) {
-	ctx, cancel := context.WithTimeout(parent, closeWait)
+	ctx, cancel := e.forCloseWait(parent)
 	defer cancel()
 	_ = e.throughMigration(ctx, func() error { return e.proto.Abandoned(ctx, f.key, f.token) })
 }
@@ -262,7 +276,7 @@ func (e *Engine) uncached(f *flight, val []byte, closing bool) {
 // fetch failed with cause, and returns it; false if there is none (or the
 // lease was lost, or Redis failed).
 func (e *Engine) resurrect(f *flight, cause error) ([]byte, bool) {
-	ctx, cancel := context.WithTimeout(ctxOf(f), closeWait)
+	ctx, cancel := e.forCloseWait(ctxOf(f))
 	defer cancel()
 	var v []byte
 	var ok bool
@@ -290,7 +304,7 @@ func (e *Engine) release(f *flight, event string) bool {
 // releaseIn is release within parent (ctxOf(f), or less), with a linger
 // (see wire.ReleaseSrc).
 func (e *Engine) releaseIn(parent context.Context, f *flight, event string, linger time.Duration) bool {
-	ctx, cancel := context.WithTimeout(parent, closeWait)
+	ctx, cancel := e.forCloseWait(parent)
 	defer cancel()
 	var released bool
 	_ = e.throughMigration(ctx, func() (err error) {
