@@ -718,3 +718,41 @@ func TestGet_StoreWhileANodeIsFalselyKnownDownStillStores(t *testing.T) {
 		t.Errorf("the waiter computed %d times", n)
 	}
 }
+
+// Close cancels a running fetch and waits for it, however long it takes to
+// return ("Close still waits for such a fetch"), and closeWait more for the
+// writes after it. A fetch that honours its cancellation only 1.5 s later
+// still hands its lock over ([C9]): the release with its abandon event runs
+// within what Close waits, not cut at once because more than closeWait has
+// passed since Close began; a waiter elsewhere takes over at once rather
+// than when the lock expires.
+func TestClose_HandsOverTheLockOfAFetchSlowToCancel(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newTestClient(t, srv.Addr, "closeslow", &Options{LockTTL: 30 * time.Second})
+	other := newTestClient(t, srv.Addr, "closeslow", nil)
+	waiterLookups := countLookups(other.rdb, "closeslow:k")
+	ctx, cancel := context.WithTimeout(bg(), 25*time.Second)
+	defer cancel()
+	started := make(chan struct{})
+	first := getAsync(c, ctx, "k", func(fctx context.Context, _ *Lease) ([]byte, time.Duration, error) {
+		close(started)
+		<-fctx.Done()
+		time.Sleep(1500 * time.Millisecond) // cleaning up before it returns
+		return nil, 0, fctx.Err()
+	})
+	select {
+	case <-started:
+	case <-ctx.Done():
+		t.Fatal("fetch never ran")
+	}
+	var again atomic.Int64
+	waiter := getAsync(other, ctx, "k", constFetch(&again, "computed by the waiter", 0))
+	parkedAndLive(t, waiterLookups, 2)
+	t0 := time.Now()
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close = %v", err)
+	}
+	t.Logf("Close took %v", time.Since(t0))
+	within(t, 5*time.Second, first, "error: "+ErrClosed.Error(), "the flight's caller")
+	within(t, 5*time.Second, waiter, "computed by the waiter", "the waiter in another process (lock TTL 30s)")
+}

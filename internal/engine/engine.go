@@ -88,9 +88,14 @@ type Engine struct {
 	// control calls under way (a long Purge) and GetMany reads stop.
 	lifetime    context.Context
 	endLifetime context.CancelFunc
-	endedAt     atomic.Pointer[time.Time] // when Close ended lifetime: see untilClosed
-	closed      chan struct{}             // closed when Close has finished
-	closing     atomic.Bool               // Close has begun: the L1 answers no more
+	// draining ends when Close, the callbacks it cancelled returned (it
+	// waits for them however long they take), begins to wait closeWait
+	// for the work under way; drainFrom is when. See untilClosed.
+	draining  context.Context
+	endDrain  context.CancelFunc
+	drainFrom atomic.Pointer[time.Time]
+	closed    chan struct{} // closed when Close has finished
+	closing   atomic.Bool   // Close has begun: the L1 answers no more
 }
 
 // New returns an engine for cfg, which package memolock has validated.
@@ -98,6 +103,7 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: cfg, keys: cfg.Keys, log: cfg.Log, closed: make(chan struct{})}
 	e.hints.seed = maphash.MakeSeed()
 	e.lifetime, e.endLifetime = context.WithCancel(context.Background())
+	e.draining, e.endDrain = context.WithCancel(context.Background())
 	e.flights.answers = &e.stats
 	e.proto = wire.New(cfg.rdb(), cfg.Keys, cfg.Cluster != nil, cfg.StaleTTL, cfg.RefreshAhead)
 	e.nodes = newNodes(&e.cfg, &e.stats, &e.work)
@@ -281,8 +287,6 @@ func (e *Engine) Close() {
 		}
 		return
 	}
-	ended := time.Now()
-	e.endedAt.Store(&ended)
 	e.endLifetime()
 	if e.l1 != nil {
 		// Nothing invalidates the L1 once its connection is closed.
@@ -301,7 +305,14 @@ func (e *Engine) Close() {
 // shutdown waits for the work Close started to end.
 func (e *Engine) shutdown() {
 	e.callbacks.pending.wait(-1) // fetches see their cancelled context and return
-	deadline := time.Now().Add(closeWait)
+	now := time.Now()
+	deadline := now.Add(closeWait)
+	// From here Close waits closeWait for the work under way: the writes
+	// it waits for are bounded from now (untilClosed), not from when it
+	// began, or those after a fetch slow to return (the release that
+	// hands its lock over) would be cut before they are sent.
+	e.drainFrom.Store(&now)
+	e.endDrain()
 	// Every flight: those that hold a lock release it, and a lookup under
 	// way may take one, which its flight then releases.
 	e.nodes.close()

@@ -104,7 +104,8 @@ func (e *Engine) storeMigrating(f *flight, val []byte, ttl time.Duration) {
 }
 
 // forCloseWait is parent, ended closeWait from now or closeWait after Close
-// begins, whichever comes first: a write that Close may have to wait for.
+// begins to wait for the work under way (see untilClosed), whichever comes
+// first: a write that Close may have to wait for.
 // Bounded by closeWait alone, one begun before Close would outlive it.
 func (e *Engine) forCloseWait(parent context.Context) (context.Context, context.CancelFunc) {
 	timed, cancelTimed := context.WithTimeout(parent, closeWait)
@@ -115,14 +116,16 @@ func (e *Engine) forCloseWait(parent context.Context) (context.Context, context.
 	}
 }
 
-// untilClosed is parent, ended d after Close begins (at once if that has
-// passed). It bounds work that may begin before Close and that Close waits
-// for, and work begun after Close began, each step of which would
-// otherwise get d of its own.
+// untilClosed is parent, ended d after Close begins to wait for the work
+// under way (at once if that has passed): once the callbacks that Close
+// cancelled returned, however long that took (see shutdown), as Close
+// waits closeWait from then. It bounds work that may begin before Close
+// and that Close waits for, and work begun after Close began, each step of
+// which would otherwise get d of its own.
 func (e *Engine) untilClosed(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(parent)
-	stop := context.AfterFunc(e.lifetime, func() {
-		t := time.NewTimer(time.Until(e.endedAt.Load().Add(d)))
+	stop := context.AfterFunc(e.draining, func() {
+		t := time.NewTimer(time.Until(e.drainFrom.Load().Add(d)))
 		defer t.Stop()
 		select {
 		case <-t.C:
