@@ -756,3 +756,50 @@ func TestClose_HandsOverTheLockOfAFetchSlowToCancel(t *testing.T) {
 	within(t, 5*time.Second, first, "error: "+ErrClosed.Error(), "the flight's caller")
 	within(t, 5*time.Second, waiter, "computed by the waiter", "the waiter in another process (lock TTL 30s)")
 }
+
+// A store that fails with a dial timeout, which Go's net package makes an
+// error that errors.Is takes for context.DeadlineExceeded, failed: Close
+// cut nothing (it has not begun). Waiters elsewhere are told so with a
+// fail event ([C5]), not handed the lock with an abandon event as for a
+// store that Close cut: they fail with the store's error rather than
+// compute again.
+func TestGet_StoreFailingWithADialTimeoutTellsAFailure(t *testing.T) {
+	srv := redistest.Start(t)
+	expired, cancelExpired := context.WithDeadline(bg(), time.Now().Add(-time.Second))
+	cancelExpired()
+	_, dialErr := (&net.Dialer{}).DialContext(expired, "tcp", srv.Addr)
+	if dialErr == nil || !errors.Is(dialErr, context.DeadlineExceeded) {
+		t.Fatalf("dial with a deadline passed = %v: not the net package's timeout", dialErr)
+	}
+	t.Logf("the store fails with %q", dialErr)
+	opts := &Options{LockTTL: 30 * time.Second}
+	holder := newTestClient(t, srv.Addr, "dialto", opts)
+	store := wire.ScriptsFor(false).Store
+	holder.rdb.AddHook(failHook{fail: func(cmd redis.Cmder) error {
+		if isScript(cmd, store, wire.StoreSrc) {
+			return dialErr
+		}
+		return nil
+	}})
+	waiter := newTestClient(t, srv.Addr, "dialto", opts)
+	looks := countLookups(waiter.rdb, "dialto:k")
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+	defer cancel()
+	first, release := fetching(t, holder, ctx, "k", "v")
+	var again atomic.Int64
+	got := getAsync(waiter, ctx, "k", constFetch(&again, "computed by the waiter", 0))
+	parkedAndLive(t, looks, 2)
+	release()
+	within(t, 5*time.Second, first, "v", "the holder's caller")
+	select {
+	case v := <-got:
+		if !strings.Contains(v, ErrHolderFailed.Error()) || !strings.Contains(v, "i/o timeout") {
+			t.Errorf("waiter got %q, want the holder's store failure", v)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter had nothing after 5s (lock TTL 30s)")
+	}
+	if n := again.Load(); n != 0 {
+		t.Errorf("the waiter fetched %d times, want 0", n)
+	}
+}

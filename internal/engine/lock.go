@@ -49,6 +49,7 @@ func (e *Engine) store(p *pursuit, val []byte, ttl time.Duration, closing bool) 
 	}
 	own := e.expectOwn(f.key)
 	stored, err := e.proto.Store(ctx, f.key, f.token, val, ttl)
+	err = cutIf(ctx, err)
 	if err != nil && passing(err) && e.cfg.Cluster != nil && !closing {
 		// The slot is being migrated, or its master failed over: the
 		// callers here have their value now, and the store waits for the
@@ -94,6 +95,7 @@ func (e *Engine) storeMigrating(f *flight, val []byte, ttl time.Duration) {
 		stored, err = e.proto.Store(ctx, f.key, f.token, val, ttl)
 		return err
 	})
+	err = cutIf(ctx, err)
 	switch {
 	case err != nil:
 		e.storeError(f, err)
@@ -204,7 +206,7 @@ func (e *Engine) adoptOwn(own *ownWrite, key string) {
 // (nothing was stored), or else with an abandon event, so that they look
 // again (the script may have stored the value and stopped before its
 // PUBLISH). A store that Close cut (its context ended: nothing else ends
-// it) failed for this process's shutdown, not for the value: waiters are
+// it; see cutByClose) failed for this process's shutdown, not for the value: waiters are
 // told with an abandon event either way, and take over, as for a fetch
 // that Close cancelled ([C9]). It runs after the callers have their
 // value, as Close may begin: both writes together get until closeWait
@@ -213,13 +215,29 @@ func (e *Engine) storeFailed(f *flight, err error) {
 	ctx, cancel := e.untilClosed(ctxOf(f), closeWait)
 	defer cancel()
 	event := wire.FailEvent(f.token, err)
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if errors.As(err, new(cutByClose)) {
 		event = wire.AbandonEvent(f.token)
 	}
 	if e.releaseIn(ctx, f, event, 0) {
 		return
 	}
 	e.abandoned(ctx, f)
+}
+
+// cutByClose is the error of a store whose context ended: only Close ends
+// it (holderCtx, untilClosed). The error itself does not say so: Go's net
+// package makes a dial timeout, a failure of Redis's, an error that
+// errors.Is takes for context.DeadlineExceeded.
+type cutByClose struct{ error }
+
+func (c cutByClose) Unwrap() error { return c.error }
+
+// cutIf is err, marked cutByClose if ctx, its write's context, has ended.
+func cutIf(ctx context.Context, err error) error {
+	if err != nil && ctx.Err() != nil {
+		return cutByClose{err}
+	}
+	return err
 }
 
 // abandoned publishes an abandon event for f's token, boundedly, within
