@@ -206,9 +206,9 @@ func (e *Engine) adoptOwn(own *ownWrite, key string) {
 // (nothing was stored), or else with an abandon event, so that they look
 // again (the script may have stored the value and stopped before its
 // PUBLISH). A store that Close cut (its context ended: nothing else ends
-// it; see cutByClose) failed for this process's shutdown, not for the value: waiters are
-// told with an abandon event either way, and take over, as for a fetch
-// that Close cancelled ([C9]). It runs after the callers have their
+// it; see cutByClose) failed for this process's shutdown, not for the
+// value: waiters are told with an abandon event either way, and take
+// over, as for a fetch that Close cancelled ([C9]). It runs after the callers have their
 // value, as Close may begin: both writes together get until closeWait
 // after Close began.
 func (e *Engine) storeFailed(f *flight, err error) {
