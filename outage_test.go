@@ -368,27 +368,7 @@ func TestClose_CuttingAStoreAfterTheCallersHandsTheLockOver(t *testing.T) {
 	c := newTestClient(t, srv.Addr, "cutstore", &Options{LockTTL: 30 * time.Second})
 	other := newTestClient(t, srv.Addr, "cutstore", nil)
 	waiterLookups := countLookups(other.rdb, "cutstore:k")
-	pings := make(chan struct{})
-	var holdPings atomic.Bool
-	defer func() {
-		if holdPings.Swap(false) {
-			close(pings)
-		}
-	}()
-	c.rdb.AddHook(failHook{
-		fail: func(cmd redis.Cmder) error {
-			if slices.Contains(cmd.Args(), any("cutstore:trigger")) {
-				return &net.OpError{Op: "read", Net: "tcp", Err: errors.New("injected: connection reset")}
-			}
-			return nil
-		},
-		hold: func(cmd redis.Cmder) <-chan struct{} {
-			if cmd.Name() == "ping" && holdPings.Load() {
-				return pings
-			}
-			return nil
-		},
-	})
+	falselyDown := falselyDownOnCue(t, c, "cutstore")
 	began, unhold := make(chan struct{}), make(chan struct{})
 	defer close(unhold)
 	var stores atomic.Int64
@@ -409,10 +389,7 @@ func TestClose_CuttingAStoreAfterTheCallersHandsTheLockOver(t *testing.T) {
 	var again atomic.Int64
 	waiter := getAsync(other, ctx, "k", constFetch(&again, "computed by the waiter", 0))
 	parkedAndLive(t, waiterLookups, 2)
-	holdPings.Store(true)
-	if _, err := c.Get(ctx, "trigger", noFetch); !errors.Is(err, ErrRedis) {
-		t.Fatalf("Get of the failing id = %v, want ErrRedis", err)
-	}
+	falselyDown(ctx)
 	release()
 	within(t, 10*time.Second, first, "v", "the flight's caller")
 	select {
@@ -664,26 +641,22 @@ func (h failHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 	}
 }
 
-// A node this process counts as down may be back already: its probe's
-// PING has not been answered yet (held here, as a slow dial to a node that
-// is coming back holds it). A flight whose fetch returns then still stores
-// its value, which a waiter in another process, to whom the node is
-// fine, gets: not a failure that the store never tried.
-func TestGet_StoreWhileANodeIsFalselyKnownDownStillStores(t *testing.T) {
-	srv := redistest.Start(t)
-	c := newTestClient(t, srv.Addr, "falsedown", &Options{LockTTL: 30 * time.Second})
-	other := newTestClient(t, srv.Addr, "falsedown", nil)
-	waiterLookups := countLookups(other.rdb, "falsedown:k")
+// falselyDownOnCue returns a function that has c count its node down
+// while it is not: a lookup of tag's id "trigger" fails as a reset
+// connection, and the probe's PING is held from then until the test ends,
+// as a slow dial to a node that is coming back holds it.
+func falselyDownOnCue(t *testing.T, c *testClient, tag string) func(ctx context.Context) {
+	t.Helper()
 	pings := make(chan struct{})
 	var holdPings atomic.Bool
-	defer func() {
+	t.Cleanup(func() {
 		if holdPings.Swap(false) {
 			close(pings)
 		}
-	}()
+	})
 	c.rdb.AddHook(failHook{
 		fail: func(cmd redis.Cmder) error {
-			if slices.Contains(cmd.Args(), any("falsedown:trigger")) {
+			if slices.Contains(cmd.Args(), any(tag+":trigger")) {
 				return &net.OpError{Op: "read", Net: "tcp", Err: errors.New("injected: connection reset")}
 			}
 			return nil
@@ -695,19 +668,36 @@ func TestGet_StoreWhileANodeIsFalselyKnownDownStillStores(t *testing.T) {
 			return nil
 		},
 	})
+	return func(ctx context.Context) {
+		t.Helper()
+		holdPings.Store(true)
+		if _, err := c.Get(ctx, "trigger", noFetch); !errors.Is(err, ErrRedis) {
+			t.Fatalf("Get of the failing id = %v, want ErrRedis", err)
+		}
+		if s := c.Stats(); s.Outages != 1 {
+			t.Fatalf("Outages = %d, want 1", s.Outages)
+		}
+	}
+}
+
+// A node this process counts as down may be back already: its probe's
+// PING has not been answered yet (held here, as a slow dial to a node that
+// is coming back holds it). A flight whose fetch returns then still stores
+// its value, which a waiter in another process, to whom the node is
+// fine, gets: not a failure that the store never tried.
+func TestGet_StoreWhileANodeIsFalselyKnownDownStillStores(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newTestClient(t, srv.Addr, "falsedown", &Options{LockTTL: 30 * time.Second})
+	other := newTestClient(t, srv.Addr, "falsedown", nil)
+	waiterLookups := countLookups(other.rdb, "falsedown:k")
+	falselyDown := falselyDownOnCue(t, c, "falsedown")
 	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 	defer cancel()
 	first, release := fetching(t, c, ctx, "k", "v")
 	var again atomic.Int64
 	waiter := getAsync(other, ctx, "k", constFetch(&again, "computed by the waiter", 0))
 	parkedAndLive(t, waiterLookups, 2)
-	holdPings.Store(true)
-	if _, err := c.Get(ctx, "trigger", noFetch); !errors.Is(err, ErrRedis) {
-		t.Fatalf("Get of the failing id = %v, want ErrRedis", err)
-	}
-	if s := c.Stats(); s.Outages != 1 {
-		t.Fatalf("Outages = %d, want 1", s.Outages)
-	}
+	falselyDown(ctx)
 	release()
 	within(t, 10*time.Second, first, "v", "the flight's caller")
 	within(t, 10*time.Second, waiter, "v", "the waiter in another process")
