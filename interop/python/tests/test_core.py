@@ -478,14 +478,21 @@ def test_external_winner_is_live_before_it_starts_then_waits_on_its_own_lock(c):
     assert run.result() == b"made elsewhere"
 
 
-def test_external_winner_waits_on_what_is_left_of_its_lock(c, clock):
+@pytest.mark.parametrize("reply, left", [
+    # Taken now: the lock TTL (3 s) is left.
+    (lambda f: 1, 3.0),
+    # A retried acquire whose first reply was lost finds the lock already
+    # ours with 2.8 s left, exactly as if it had answered 1 then.
+    (lambda f: [2800, f.token], 2.8),
+])
+def test_external_winner_waits_on_what_is_left_of_its_lock(c, clock, reply, left):
     # The lock was taken before going live and start: the winner's timer
     # runs from what is left of it when start returns ([E1]), not from a
     # full lock TTL, and a start that outlasts the lock looks again at once.
     f = flight(c, start=lambda lease: None)
     run = Run(c.pursue(f))
     run.expect(core.Script, "acquire")
-    run.send(1)
+    run.send(reply(f))
     run.expect(core.Watch)
     run.send("watch")
     run.expect(core.Take)
@@ -495,27 +502,7 @@ def test_external_winner_waits_on_what_is_left_of_its_lock(c, clock):
     clock.now += 2.0  # and start two seconds
     run.send()
     run.expect(core.Take)
-    assert f.wait.deadline == pytest.approx(clock.now + 0.5 + 0.001)
-
-
-def test_external_winner_waits_on_what_is_left_of_a_lock_found_already_ours(c, clock):
-    # A retried acquire whose first reply was lost finds the lock already
-    # ours with 2.8 s left, exactly as if it had answered 1 then: the
-    # winner's timer runs from those 2.8 s, not from a full lock TTL ([E1]).
-    f = flight(c, start=lambda lease: None)
-    run = Run(c.pursue(f))
-    run.expect(core.Script, "acquire")
-    run.send([2800, f.token])
-    run.expect(core.Watch)
-    run.send("watch")
-    run.expect(core.Take)
-    clock.now += 0.5  # going live took half a second
-    run.send(events(reread=True))
-    run.expect(core.Start)
-    clock.now += 2.0  # and start two seconds
-    run.send()
-    run.expect(core.Take)
-    assert f.wait.deadline == pytest.approx(clock.now + 0.3 + 0.001)
+    assert f.wait.deadline == pytest.approx(clock.now + left - 2.5 + 0.001)
 
 
 def test_external_failure_published_during_start_is_heard(c):
