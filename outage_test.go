@@ -220,22 +220,7 @@ func TestGet_StoreToANodeKnownDownWaitsForNoCaller(t *testing.T) {
 func TestClose_EndsAStoreTriedAfterTheCallers(t *testing.T) {
 	srv := redistest.Start(t)
 	c := newTestClient(t, srv.Addr, "closestore", &Options{LockTTL: 30 * time.Second})
-	began, ended, unhold := make(chan struct{}), make(chan error, 1), make(chan struct{})
-	defer close(unhold)
-	var stores atomic.Int64
-	store := wire.ScriptsFor(false).Store
-	c.rdb.AddHook(ctxHoldHook{hold: func(ctx context.Context, cmd redis.Cmder) {
-		if !isScript(cmd, store, wire.StoreSrc) || stores.Add(1) != 1 {
-			return
-		}
-		close(began)
-		select {
-		case <-ctx.Done():
-			ended <- ctx.Err()
-		case <-unhold:
-			ended <- nil
-		}
-	}})
+	began, ended := holdFirst(t, c, wire.ScriptsFor(false).Store, wire.StoreSrc)
 	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 	defer cancel()
 	first, release := fetching(t, c, ctx, "k", "v")
@@ -244,25 +229,7 @@ func TestClose_EndsAStoreTriedAfterTheCallers(t *testing.T) {
 	if got := <-first; got != "v" {
 		t.Fatalf("the flight's caller got %q, want %q", got, "v")
 	}
-	select {
-	case <-began:
-	case <-ctx.Done():
-		t.Fatal("the store was never tried")
-	}
-	if err := c.Close(); err != nil {
-		t.Fatalf("Close = %v", err)
-	}
-	// Its bound (half of closeWait) ends well before Close's wait does:
-	// the store has ended when Close returns. The slack is for a loaded
-	// machine; a bound past Close's (3 × closeWait, say) still fails.
-	select {
-	case err := <-ended:
-		if err == nil {
-			t.Fatal("the store ended only when the test let it go")
-		}
-	case <-time.After(time.Second):
-		t.Fatal("the store still ran 1s after Close returned")
-	}
+	closeWhileHeld(t, c, ctx, began, ended, "store")
 }
 
 // A write of a holder that failed is told to waiters elsewhere: a
@@ -369,20 +336,7 @@ func TestClose_CuttingAStoreAfterTheCallersHandsTheLockOver(t *testing.T) {
 	other := newTestClient(t, srv.Addr, "cutstore", nil)
 	waiterLookups := countLookups(other.rdb, "cutstore:k")
 	falselyDown := falselyDownOnCue(t, c, "cutstore")
-	began, unhold := make(chan struct{}), make(chan struct{})
-	defer close(unhold)
-	var stores atomic.Int64
-	store := wire.ScriptsFor(false).Store
-	c.rdb.AddHook(ctxHoldHook{hold: func(ctx context.Context, cmd redis.Cmder) {
-		if !isScript(cmd, store, wire.StoreSrc) || stores.Add(1) != 1 {
-			return
-		}
-		close(began)
-		select {
-		case <-ctx.Done():
-		case <-unhold:
-		}
-	}})
+	began, _ := holdFirst(t, c, wire.ScriptsFor(false).Store, wire.StoreSrc)
 	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 	defer cancel()
 	first, release := fetching(t, c, ctx, "k", "v")
@@ -412,22 +366,7 @@ func TestClose_EndsAStoreBegunBeforeIt(t *testing.T) {
 	c := newTestClient(t, srv.Addr, "closeinline", &Options{LockTTL: 30 * time.Second})
 	other := newTestClient(t, srv.Addr, "closeinline", nil)
 	waiterLookups := countLookups(other.rdb, "closeinline:k")
-	began, ended, unhold := make(chan struct{}), make(chan error, 1), make(chan struct{})
-	defer close(unhold)
-	var stores atomic.Int64
-	store := wire.ScriptsFor(false).Store
-	c.rdb.AddHook(ctxHoldHook{hold: func(ctx context.Context, cmd redis.Cmder) {
-		if !isScript(cmd, store, wire.StoreSrc) || stores.Add(1) != 1 {
-			return
-		}
-		close(began)
-		select {
-		case <-ctx.Done():
-			ended <- ctx.Err()
-		case <-unhold:
-			ended <- nil
-		}
-	}})
+	began, ended := holdFirst(t, c, wire.ScriptsFor(false).Store, wire.StoreSrc)
 	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 	defer cancel()
 	first, release := fetching(t, c, ctx, "k", "v")
@@ -435,24 +374,7 @@ func TestClose_EndsAStoreBegunBeforeIt(t *testing.T) {
 	waiter := getAsync(other, ctx, "k", constFetch(&again, "computed by the waiter", 0))
 	parkedAndLive(t, waiterLookups, 2)
 	release()
-	select {
-	case <-began:
-	case <-ctx.Done():
-		t.Fatal("the store was never tried")
-	}
-	if err := c.Close(); err != nil {
-		t.Fatalf("Close = %v", err)
-	}
-	// Half of closeWait for the store, Close waits closeWait: ended by
-	// Close's return, with slack for a loaded machine.
-	select {
-	case err := <-ended:
-		if err == nil {
-			t.Fatal("the store ended only when the test let it go")
-		}
-	case <-time.After(time.Second):
-		t.Error("the store still ran 1s after Close returned")
-	}
+	closeWhileHeld(t, c, ctx, began, ended, "store")
 	within(t, 5*time.Second, first, "error: "+ErrClosed.Error(), "the flight's caller")
 	within(t, 10*time.Second, waiter, "computed by the waiter", "the waiter in another process (lock TTL 30s)")
 }
@@ -464,29 +386,48 @@ func TestClose_EndsAStoreBegunBeforeIt(t *testing.T) {
 func TestClose_EndsARenewalUnderWay(t *testing.T) {
 	srv := redistest.Start(t)
 	c := newTestClient(t, srv.Addr, "closerenew", &Options{LockTTL: 300 * time.Millisecond})
-	began, ended, unhold := make(chan struct{}), make(chan error, 1), make(chan struct{})
-	defer close(unhold)
-	var renewals atomic.Int64
-	renew := wire.ScriptsFor(false).Renew
-	c.rdb.AddHook(ctxHoldHook{hold: func(ctx context.Context, cmd redis.Cmder) {
-		if !isScript(cmd, renew, wire.RenewSrc) || renewals.Add(1) != 1 {
-			return
-		}
-		close(began)
-		select {
-		case <-ctx.Done():
-			ended <- ctx.Err()
-		case <-unhold:
-			ended <- nil
-		}
-	}})
+	began, ended := holdFirst(t, c, wire.ScriptsFor(false).Renew, wire.RenewSrc)
 	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 	defer cancel()
 	_, _ = fetching(t, c, ctx, "k", "v")
+	closeWhileHeld(t, c, ctx, began, ended, "renewal")
+}
+
+// holdFirst holds the first run on c of the script (src) until its
+// context ends, as go-redis's dials and retries against a node that does
+// not answer would, or the test ends. began is closed once it is held;
+// ended then gets its context's error (nil if the test let it go).
+func holdFirst(t *testing.T, c *testClient, script *redis.Script, src string) (began <-chan struct{}, ended <-chan error) {
+	t.Helper()
+	held, done, unhold := make(chan struct{}), make(chan error, 1), make(chan struct{})
+	t.Cleanup(func() { close(unhold) })
+	var runs atomic.Int64
+	c.rdb.AddHook(ctxHoldHook{hold: func(ctx context.Context, cmd redis.Cmder) {
+		if !isScript(cmd, script, src) || runs.Add(1) != 1 {
+			return
+		}
+		close(held)
+		select {
+		case <-ctx.Done():
+			done <- ctx.Err()
+		case <-unhold:
+			done <- nil
+		}
+	}})
+	return held, done
+}
+
+// closeWhileHeld closes c once what (a write that holdFirst holds) is
+// held, and fails unless what ended by its context (Close's bound) by the
+// time Close returned. Its bound (half of closeWait) ends well before
+// Close's wait does (closeWait); a second's slack is for a loaded machine,
+// and a bound past Close's (3 × closeWait, say) still fails.
+func closeWhileHeld(t *testing.T, c *testClient, ctx context.Context, began <-chan struct{}, ended <-chan error, what string) {
+	t.Helper()
 	select {
 	case <-began:
 	case <-ctx.Done():
-		t.Fatal("the lock was never renewed")
+		t.Fatalf("the %s was never tried", what)
 	}
 	if err := c.Close(); err != nil {
 		t.Fatalf("Close = %v", err)
@@ -494,10 +435,10 @@ func TestClose_EndsARenewalUnderWay(t *testing.T) {
 	select {
 	case err := <-ended:
 		if err == nil {
-			t.Fatal("the renewal ended only when the test let it go")
+			t.Fatalf("the %s ended only when the test let it go", what)
 		}
 	case <-time.After(time.Second):
-		t.Error("the renewal still ran 1s after Close returned")
+		t.Fatalf("the %s still ran 1s after Close returned", what)
 	}
 }
 
