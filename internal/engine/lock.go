@@ -83,8 +83,8 @@ func (e *Engine) store(p *pursuit, val []byte, ttl time.Duration, closing bool) 
 // value whose node was known to be down (see store).
 //
 // Close waits for it, as for any work, and ends it: the store gets until
-// half of closeWait after Close began, and telling waiters of its failure
-// until closeWait. Without that bound a store deferred before Close, riding
+// half of closeWait after Close begins to wait for the work under way, and
+// telling waiters of its failure until closeWait (see untilClosed). Without that bound a store deferred before Close, riding
 // out go-redis's dial retries to a node that is down, would outlive Close,
 // and write through a client its owner may be closing.
 func (e *Engine) storeMigrating(f *flight, val []byte, ttl time.Duration) {
@@ -208,9 +208,9 @@ func (e *Engine) adoptOwn(own *ownWrite, key string) {
 // PUBLISH). A store that Close cut (its context ended: nothing else ends
 // it; see cutByClose) failed for this process's shutdown, not for the
 // value: waiters are told with an abandon event either way, and take
-// over, as for a fetch that Close cancelled ([C9]). It runs after the callers have their
-// value, as Close may begin: both writes together get until closeWait
-// after Close began.
+// over, as for a fetch that Close cancelled ([C9]). It may run after the
+// callers have their value, as Close begins: both writes together get
+// until closeWait after Close begins to wait for the work under way.
 func (e *Engine) storeFailed(f *flight, err error) {
 	ctx, cancel := e.untilClosed(ctxOf(f), closeWait)
 	defer cancel()
