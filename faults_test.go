@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/memolock/memolock/internal/redistest"
+	"github.com/memolock/memolock/internal/wire"
 )
 
 // Fault tests run on a real redis-server: miniredis has no CLIENT KILL and
@@ -244,6 +245,75 @@ func TestGet_WatchdogKeepsSlowFetchLocked(t *testing.T) {
 	if calls.Load() != 1 {
 		t.Fatalf("a slow fetch lost its lock: fetch ran %d times", calls.Load())
 	}
+}
+
+// A renewal that finds the lease lost (the lock deleted while fetch runs)
+// ends the renewals: the watchdog sends no more of them for the rest of the
+// fetch.
+func TestGet_WatchdogStopsOnceTheLeaseIsLost(t *testing.T) {
+	b := realBackend(t)
+	const lockTTL = 300 * time.Millisecond // a renewal every 100 ms
+	c := newTestClient(t, b.addr, "wdlost", &Options{LockTTL: lockTTL})
+	renews := &renewCounter{sha: wire.ScriptsFor(false).Renew.Hash()}
+	c.rdb.AddHook(renews)
+	raw := rawClient(t, b.addr)
+	release := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Get(bg(), "k", func(ctx context.Context, _ *Lease) ([]byte, time.Duration, error) {
+			<-release
+			return []byte("v"), time.Minute, nil
+		})
+		done <- err
+	}()
+	eventually(t, 10*time.Second, "a renewal", func() bool { return renews.sent.Load() >= 1 })
+	if err := raw.Del(bg(), "wdlost/lock:k").Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "a renewal finding the lease lost", func() bool { return renews.lostAt.Load() > 0 })
+	// Ten renewal periods: a watchdog that went on would send about ten
+	// more. One may have begun between the reply and its being heard.
+	time.Sleep(10 * lockTTL / 3)
+	if n := renews.sent.Load() - renews.lostAt.Load(); n > 1 {
+		t.Errorf("%d renewals were sent after one found the lease lost; want at most 1", n)
+	}
+	close(release)
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrLeaseLost) && err != nil {
+			t.Errorf("Get = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Get did not return once fetch did")
+	}
+}
+
+// renewCounter is a go-redis hook that counts the renew scripts sent, and
+// notes the count when one first answers 0 (the lease lost).
+type renewCounter struct {
+	sha          string
+	sent, lostAt atomic.Int64
+}
+
+func (h *renewCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *renewCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if len(args) < 2 || fmt.Sprint(args[0]) != "evalsha" || fmt.Sprint(args[1]) != h.sha {
+			return next(ctx, cmd)
+		}
+		n := h.sent.Add(1)
+		err := next(ctx, cmd)
+		if c, ok := cmd.(*redis.Cmd); ok {
+			if v, e := c.Int(); e == nil && v == 0 {
+				h.lostAt.CompareAndSwap(0, n)
+			}
+		}
+		return err
+	}
+}
+func (h *renewCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 func TestLease_ExtendNeverShortens(t *testing.T) {

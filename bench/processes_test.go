@@ -64,7 +64,7 @@ func BenchmarkMassMiss(b *testing.B) {
 				// the subscribers, with a short fetch.
 				round(b, rdb, children[lib], fmt.Sprintf("miss warm-%s w%d: %d %d 1ms 0", cs.name, time.Now().UnixNano(), keys, min(goroutines, keys)))
 			}
-			wall, comps, cmds, scripts, cpu, rcpu, rwait := series{}, series{}, series{}, series{}, series{}, series{}, series{}
+			wall, comps, cmds, scripts, cpu, rcpu, rwait, heap, objs := series{}, series{}, series{}, series{}, series{}, series{}, series{}, series{}, series{}
 			last, gcs, phases := map[string]cmdCount{}, map[string]int64{}, map[string]*phaseStats{}
 			withPhases := 0
 			if *missPhases {
@@ -79,8 +79,10 @@ func BenchmarkMassMiss(b *testing.B) {
 						phases[lib] = &phaseStats{}
 					}
 					phases[lib].add(r.phases)
-					var n int64
+					var n, allocs, bytes int64
 					for _, c := range r.reports {
+						allocs += c.allocs
+						bytes += c.bytes
 						if c.errs > 0 {
 							b.Fatalf("%s: %d calls failed", lib, c.errs)
 						}
@@ -94,13 +96,16 @@ func BenchmarkMassMiss(b *testing.B) {
 					cpu.add(lib, ms(r.clientCPU()))
 					rcpu.add(lib, ms(r.redisCPU))
 					rwait.add(lib, ms(r.redisWait))
+					heap.add(lib, float64(bytes)/1e6)
+					objs.add(lib, float64(allocs)/1e3)
 					last[lib] = r.cmds
 				}
 			}
 			for _, lib := range ls {
-				b.Logf("%-22s wall %s ms, %s comps/key, %s cmds/round, CPU %s ms, Redis CPU %s ms (waited for a core %s ms), %d GCs; last round: %v",
+				b.Logf("%-22s wall %s ms, %s comps/key, %s cmds/round, CPU %s ms, Redis CPU %s ms (waited for a core %s ms), %d GCs, heap %s MB in %s k objects/round; last round: %v",
 					lib, spread(wall[lib], "%.0f"), spread(comps[lib], "%.3f"), spread(cmds[lib], "%.0f"),
-					spread(cpu[lib], "%.0f"), spread(rcpu[lib], "%.0f"), spread(rwait[lib], "%.0f"), gcs[lib], last[lib])
+					spread(cpu[lib], "%.0f"), spread(rcpu[lib], "%.0f"), spread(rwait[lib], "%.0f"), gcs[lib],
+					spread(heap[lib], "%.1f"), spread(objs[lib], "%.0f"), last[lib])
 				if *missPhases {
 					b.Logf("%-22s %v", lib, phases[lib])
 				}
@@ -146,15 +151,17 @@ func BenchmarkHotKeyProcesses(b *testing.B) {
 				children[lib] = startChildren(b, lib, addr, procs, 1)
 				round(b, rdb, children[lib], fmt.Sprintf("hot warm-hot%d hot %d 50ms", procs, per))
 			}
-			ops, cmds, scripts, cpu, rcpu, rwait := series{}, series{}, series{}, series{}, series{}, series{}
+			ops, cmds, scripts, cpu, rcpu, rwait, heap, objs := series{}, series{}, series{}, series{}, series{}, series{}, series{}, series{}
 			last := map[string]cmdCount{}
 			for i := 0; b.Loop(); i++ {
 				for k := range ls {
 					lib := ls[(i+k)%len(ls)]
 					label := fmt.Sprintf("hotkey-processes=%d-r%d", procs, i)
 					r := round(b, rdb, children[lib], fmt.Sprintf("hot %s hot %d %s", label, per, *hotDuration))
-					var n int64
+					var n, allocs, bytes int64
 					for _, c := range r.reports {
+						allocs += c.allocs
+						bytes += c.bytes
 						if c.errs > 0 || c.comps > 0 {
 							b.Fatalf("%s: %d calls failed, %d computed", lib, c.errs, c.comps)
 						}
@@ -166,13 +173,16 @@ func BenchmarkHotKeyProcesses(b *testing.B) {
 					cpu.add(lib, ms(r.clientCPU()))
 					rcpu.add(lib, ms(r.redisCPU))
 					rwait.add(lib, ms(r.redisWait))
+					heap.add(lib, float64(bytes)/float64(n))
+					objs.add(lib, float64(allocs)/float64(n))
 					last[lib] = r.cmds
 				}
 			}
 			for _, lib := range ls {
-				b.Logf("%-22s %s k ops/s, %s cmds/kop, CPU %s ms, Redis CPU %s ms (waited for a core %s ms); last round: %v", lib,
+				b.Logf("%-22s %s k ops/s, %s cmds/kop, CPU %s ms, Redis CPU %s ms (waited for a core %s ms), heap %s B in %s objects/call; last round: %v", lib,
 					spread(scale(ops[lib], 1e-3), "%.0f"), spread(cmds[lib], "%.1f"),
-					spread(cpu[lib], "%.0f"), spread(rcpu[lib], "%.0f"), spread(rwait[lib], "%.0f"), last[lib])
+					spread(cpu[lib], "%.0f"), spread(rcpu[lib], "%.0f"), spread(rwait[lib], "%.0f"),
+					spread(heap[lib], "%.0f"), spread(objs[lib], "%.2f"), last[lib])
 				b.ReportMetric(median(ops[lib]), lib+"-ops/s")
 				b.ReportMetric(median(cmds[lib]), lib+"-cmds/kop")
 				b.ReportMetric(median(scripts[lib]), lib+"-scripts/kop")

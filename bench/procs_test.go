@@ -158,15 +158,16 @@ type childReport struct {
 	start            time.Time     // when the child released its goroutines
 	elapsed          time.Duration // from then to the last call's return
 	gcs              int64         // garbage collections during the round
+	allocs, bytes    int64         // heap objects and bytes allocated during the round
 	cpu              time.Duration // CPU time the process used in the round (user and system)
 }
 
 func parseReport(tb testing.TB, f []string) childReport {
 	tb.Helper()
-	if len(f) != 6 {
+	if len(f) != 8 {
 		tb.Fatalf("bad report %q", f)
 	}
-	var n [6]int64
+	var n [8]int64
 	for i, s := range f {
 		v, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
@@ -174,7 +175,7 @@ func parseReport(tb testing.TB, f []string) childReport {
 		}
 		n[i] = v
 	}
-	return childReport{ops: n[0], errs: n[1], comps: n[2], elapsed: time.Duration(n[3]), gcs: n[4], cpu: time.Duration(n[5])}
+	return childReport{ops: n[0], errs: n[1], comps: n[2], elapsed: time.Duration(n[3]), gcs: n[4], cpu: time.Duration(n[5]), allocs: n[6], bytes: n[7]}
 }
 
 // roundResult is what one round measured.
@@ -443,7 +444,7 @@ func gate(in *bufio.Scanner, peers []peer, prof *profiler, label string, gorouti
 	}
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	gcs := ms.NumGC
+	gcs, allocs, bytes := ms.NumGC, ms.Mallocs, ms.TotalAlloc
 	stop := prof.start(label)
 	cpu0 := cpuTime()
 	t0 := time.Now()
@@ -453,7 +454,8 @@ func gate(in *bufio.Scanner, peers []peer, prof *profiler, label string, gorouti
 	cpu := cpuTime() - cpu0
 	stop()
 	runtime.ReadMemStats(&ms)
-	return childReport{ops: ops.Load(), errs: errs.Load(), start: t0, elapsed: elapsed, gcs: int64(ms.NumGC - gcs), cpu: cpu}, nil
+	return childReport{ops: ops.Load(), errs: errs.Load(), start: t0, elapsed: elapsed, gcs: int64(ms.NumGC - gcs), cpu: cpu,
+		allocs: int64(ms.Mallocs - allocs), bytes: int64(ms.TotalAlloc - bytes)}, nil
 }
 
 // missRound: "miss <label> <prefix> <keys> <goroutines> <fetch> <phases>".
@@ -501,7 +503,7 @@ func missRound(in *bufio.Scanner, peers []peer, prof *profiler, w []string) erro
 		return err
 	}
 	r.comps = comps.Load()
-	fmt.Println("done", r.ops, r.errs, r.comps, int64(r.elapsed), r.gcs, int64(r.cpu))
+	fmt.Println("done", r.ops, r.errs, r.comps, int64(r.elapsed), r.gcs, int64(r.cpu), r.allocs, r.bytes)
 	if phases {
 		fmt.Println(phaseLine(r.start, keys, goroutines, fetches, returns))
 	}
@@ -570,7 +572,7 @@ func hotRound(in *bufio.Scanner, peers []peer, prof *profiler, w []string) error
 	}
 	timer.Stop()
 	r.comps = comps.Load()
-	fmt.Println("done", r.ops, r.errs, r.comps, int64(r.elapsed), r.gcs, int64(r.cpu))
+	fmt.Println("done", r.ops, r.errs, r.comps, int64(r.elapsed), r.gcs, int64(r.cpu), r.allocs, r.bytes)
 	return nil
 }
 
