@@ -62,19 +62,23 @@ func invoke[T any](r *runner, what string, fs []*flight, fn func() (T, error)) <
 	go func() {
 		id := goid()
 		r.enter(id, fs)
-		res := result[T]{err: goexitError(what)} // stands if fn neither returns nor panics
+		var res result[T]
+		ended := false // fn returned or panicked; else it called runtime.Goexit
 		defer func() {
+			if !ended {
+				res = result[T]{err: goexitError(what)} // made only then: a fetch's every return would pay for it
+			}
 			r.leave(id)
 			r.pending.done()
 			out <- res
 		}()
 		defer func() {
 			if p := recover(); p != nil {
-				res = result[T]{err: panicError(p)}
+				res, ended = result[T]{err: panicError(p)}, true
 			}
 		}()
 		v, err := fn()
-		res = result[T]{val: v, err: err}
+		res, ended = result[T]{val: v, err: err}, true
 	}()
 	return out
 }
