@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/memolock/memolock/internal/wire"
@@ -374,48 +375,60 @@ const maxRenewals = 3
 // must still go out on time. A renewal that ends after the value is stored
 // finds the lock done and publishes an abandon event, on which waiters look
 // again and find the value: harmless.
+//
+// The schedule is a timer's function, not a goroutine: most fetches end
+// long before their first renewal is due, and then the watchdog has cost
+// one timer. Once stop returns, no renewal starts.
 func (e *Engine) watchdog(f *flight, lease *wire.Lease, pttl time.Duration) (stop func()) {
 	first := e.cfg.LockTTL / 3
 	if pttl >= 0 {
 		first = min(first, pttl/2)
 	}
-	quit, stopped := make(chan struct{}), make(chan struct{})
-	lost := make(chan struct{}, maxRenewals)
-	go func() {
-		defer close(stopped)
-		t := time.NewTimer(first)
-		defer t.Stop()
-		var running work
-		for {
-			select {
-			case <-t.C:
-			case <-quit:
-				return
-			case <-lost:
-				return // the store script will refuse; nothing left to renew
-			}
-			if running.count() < maxRenewals {
-				running.add()
-				e.work.add()
-				go func() {
-					defer e.work.done()
-					defer running.done()
-					// Close waits for it, and ends it: see holderCtx.
-					ctx, cancel := e.untilClosed(ctxOf(f), closeWait/2)
-					defer cancel()
-					if held, err := lease.Renew(ctx, e.cfg.LockTTL); err == nil && !held {
-						select {
-						case lost <- struct{}{}:
-						default: // another renewal said so already
-						}
-					}
-				}()
-			}
-			t.Reset(e.cfg.LockTTL / 3)
+	w := &renewals{}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.t = time.AfterFunc(first, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if w.ended {
+			return
 		}
-	}()
+		if w.running < maxRenewals {
+			w.running++
+			e.work.add()
+			go func() {
+				defer e.work.done()
+				// Close waits for it, and ends it: see holderCtx.
+				ctx, cancel := e.untilClosed(ctxOf(f), closeWait/2)
+				defer cancel()
+				held, err := lease.Renew(ctx, e.cfg.LockTTL)
+				w.mu.Lock()
+				defer w.mu.Unlock()
+				w.running--
+				if err == nil && !held {
+					w.end() // the store script will refuse; nothing left to renew
+				}
+			}()
+		}
+		w.t.Reset(e.cfg.LockTTL / 3)
+	})
 	return func() {
-		close(quit)
-		<-stopped
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.end()
 	}
+}
+
+// renewals is a watchdog's state.
+type renewals struct {
+	mu      sync.Mutex
+	t       *time.Timer // the next renewal
+	running int         // renewals under way
+	ended   bool        // stopped, or the lease was found lost
+}
+
+// end stops the renewals; w.mu is held.
+func (w *renewals) end() {
+	w.ended = true
+	w.t.Stop()
 }

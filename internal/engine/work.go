@@ -68,10 +68,3 @@ var closedChan = func() chan struct{} {
 	close(c)
 	return c
 }()
-
-// count returns the work under way.
-func (w *work) count() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.n
-}
