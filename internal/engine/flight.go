@@ -40,7 +40,8 @@ type flight struct {
 	l1     l1.Snap // the L1's invalidations before the first lookup
 	l1From *node   // the node whose tracking l1 follows; only its replies may enter the L1
 	// The acquire script's keys and arguments, made at the first lookup
-	// for all of them; only the flight's lookups read them.
+	// for all of them. The flight's lookups read them, and its store and
+	// lease after them.
 	lookupKeys []string
 	lookupArgs []any
 	// inCallback counts the flight's callbacks running now (see
@@ -134,4 +135,12 @@ func (e *Engine) await(ctx context.Context, f *flight) answer {
 	err := fmt.Errorf("%w: %w", ErrTimeout, ctx.Err())
 	e.stats.answered(0, err)
 	return answer{err: err}
+}
+
+// lockKey is the key of f's lock if its lookups have made it, else "".
+func (f *flight) lockKey() string {
+	if f.lookupKeys == nil {
+		return ""
+	}
+	return f.lookupKeys[1]
 }

@@ -105,7 +105,7 @@ func WithFetchTimeout(ctx context.Context, d time.Duration) context.Context {
 // wait until the callers have their answer is left to p.after.
 func (e *Engine) computeLocked(p *pursuit, pttl time.Duration) ([]byte, error) {
 	f := p.f
-	res, closedFirst := e.runFetch(f, e.proto.Lease(f.key, f.token), pttl)
+	res, closedFirst := e.runFetch(f, e.proto.Lease(f.key, f.lockKey(), f.token), pttl)
 	// Before the writes of whatever fetch returned (a value, "not found",
 	// or a failure, whose release or resurrection may take as long as a
 	// store): see group.seal.
@@ -228,7 +228,7 @@ func (e *Engine) startExternal(p *pursuit) error {
 		return err
 	}
 	e.stats.fetches.Add(1)
-	lease := e.proto.Lease(f.key, f.token)
+	lease := e.proto.Lease(f.key, f.lockKey(), f.token)
 	err := e.callbacks.callErr("start", f, func() error { return f.start(f.ctx, lease) })
 	if err != nil && f.ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		// Close cancelled start, which failed for that: a shutdown, not a

@@ -39,6 +39,8 @@ type pursuit struct {
 	// takes the lock again, before it calls start again ([E1]).
 	late string
 
+	notif, events string // the flight's channels, once channels has made them
+
 	served Served // how the value came, for the flight's callers
 	// resurrected is set when the value looked up is a stale copy put
 	// back after a failed fetch.
@@ -200,7 +202,7 @@ func (p *pursuit) startExternal() (next, bool) {
 // onFail release it for a value and a failure.
 func (p *pursuit) goLive() (next, bool) {
 	e, f := p.e, p.f
-	notif := e.keys.Notif(f.key)
+	notif, events := p.channels()
 	bound := time.NewTimer(e.cfg.LockTTL / 3)
 	defer bound.Stop()
 	var again <-chan time.Time // after a move: when to watch again
@@ -212,7 +214,7 @@ func (p *pursuit) goLive() (next, bool) {
 	for {
 		if p.watch == nil && again == nil {
 			// No fast path: a value must release the lock first (see busy).
-			p.watch = e.subs.Watch(nil, notif, e.keys.Events(f.key))
+			p.watch = e.subs.Watch(nil, notif, events)
 		}
 		var signal <-chan struct{}
 		if p.watch != nil {
@@ -370,4 +372,13 @@ func (e *Engine) lookupFailed(f *flight, err error) ([]byte, error) {
 		return e.computeUnlocked(f)
 	}
 	return nil, err
+}
+
+// channels returns the flight's value and events channels, made once for
+// all of the pursuit's waits. Only the flight's goroutine calls it.
+func (p *pursuit) channels() (notif, events string) {
+	if p.notif == "" {
+		p.notif, p.events = p.e.keys.Notif(p.f.key), p.e.keys.Events(p.f.key)
+	}
+	return p.notif, p.events
 }

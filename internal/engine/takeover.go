@@ -63,7 +63,7 @@ func (p *pursuit) onTakeoverEvents(ev pubsub.Events) (n next, decided, synced bo
 		p.release(wire.AbandonEvent(f.token))
 		return next{err: ErrClosed}, true, false
 	}
-	notif := e.keys.Notif(f.key)
+	notif, _ := p.channels()
 	for _, m := range ev.Messages {
 		if m.Channel == notif {
 			if p.holder == f.token {

@@ -76,7 +76,8 @@ func (p *pursuit) busy(r wire.Reply) error {
 			// on its own goroutine.
 			onValue = p.onValue
 		}
-		p.watch = e.subs.Watch(onValue, e.keys.Notif(f.key), e.keys.Events(f.key))
+		notif, events := p.channels()
+		p.watch = e.subs.Watch(onValue, notif, events)
 	}
 	d := waitFor(r.PTTL, e.cfg.LockTTL)
 	if !p.movedAt.IsZero() && time.Since(p.movedAt) < afterMove {
@@ -142,8 +143,7 @@ func (p *pursuit) onValue(payload string) {
 // onEvents handles what the subscription delivered. It reports false to
 // keep waiting.
 func (p *pursuit) onEvents(ev pubsub.Events) (next, bool) {
-	e, f := p.e, p.f
-	notif := e.keys.Notif(f.key)
+	notif, _ := p.channels()
 	for _, m := range ev.Messages {
 		if m.Channel != notif {
 			// Before anything below returns with the batch half read: an
@@ -166,7 +166,7 @@ func (p *pursuit) onEvents(ev pubsub.Events) (next, bool) {
 	case ev.Err != nil:
 		// Redis refused the subscription (NOPERM, say): no value will
 		// come this way.
-		return next{err: fmt.Errorf("%w: subscribing to %s: %w", ErrRedis, wire.Quote(e.keys.Notif(f.key)), ev.Err)}, true
+		return next{err: fmt.Errorf("%w: subscribing to %s: %w", ErrRedis, wire.Quote(notif), ev.Err)}, true
 	}
 	if ev.Reread {
 		// Live now, even if a message below ends the wait: the takeover

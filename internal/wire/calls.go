@@ -135,8 +135,12 @@ func pttlOf(d time.Duration) time.Duration {
 
 // Store runs the store script. It reports whether the value is stored; when
 // it is not, the lease was lost and the script told waiters so.
-func (p *Protocol) Store(ctx context.Context, id, token string, val []byte, ttl time.Duration) (bool, error) {
-	n, err := p.sc.Store.Run(ctx, p.rdb, p.keys.ID(id), token, val, TTLMillis(ttl),
+// keys are Keys.ID of id, if the caller has them (nil: made here).
+func (p *Protocol) Store(ctx context.Context, id string, keys []string, token string, val []byte, ttl time.Duration) (bool, error) {
+	if keys == nil {
+		keys = p.keys.ID(id)
+	}
+	n, err := p.sc.Store.Run(ctx, p.rdb, keys, token, val, TTLMillis(ttl),
 		p.keys.Notif(id), p.keys.Events(id), p.Linger(ttl).Milliseconds(), p.staleTTL.Milliseconds()).Int()
 	if err != nil {
 		return false, fmt.Errorf("%w: storing %s: %w", ErrRedis, Quote(p.keys.Value(id)), err)

@@ -19,9 +19,13 @@ type Lease struct {
 	Token  string
 }
 
-// Lease returns the lease of token on id.
-func (p *Protocol) Lease(id, token string) *Lease {
-	return &Lease{sc: p.sc, rdb: p.rdb, ID: id, Lock: p.keys.Lock(id), Events: p.keys.Events(id), Token: token}
+// Lease returns the lease of token on id. lock is the id's lock key, if
+// the caller has it ("": made here).
+func (p *Protocol) Lease(id, lock, token string) *Lease {
+	if lock == "" {
+		lock = p.keys.Lock(id)
+	}
+	return &Lease{sc: p.sc, rdb: p.rdb, ID: id, Lock: lock, Events: p.keys.Events(id), Token: token}
 }
 
 // Mutex returns the lease of token on the standalone lock key. Its events go
