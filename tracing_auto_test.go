@@ -19,7 +19,7 @@ const restoredTraceChildEnv = "MEMOLOCK_RESTORED_TRACE_CHILD"
 // runRestoredTraceChild sets an SDK as the global provider, then sets the
 // provider it replaced back (as a test's cleanup does): that provider now
 // delegates to the SDK. A client made then with the default provider
-// serves a Get; it prints the Get spans the SDK recorded.
+// serves a Get; it prints the Get and fetch spans the SDK recorded.
 func runRestoredTraceChild(addr string) {
 	rec := tracetest.NewSpanRecorder()
 	prev := otel.GetTracerProvider()
@@ -39,14 +39,14 @@ func runRestoredTraceChild(addr string) {
 		fmt.Println("error", err)
 		return
 	}
-	fmt.Println("spans", len(spansNamed(rec, "memolock.Get")))
+	fmt.Println("spans", len(spansNamed(rec, "memolock.Get")), len(spansNamed(rec, "memolock.fetch")))
 }
 
 // The global provider set back after an SDK was set delegates to that SDK:
 // its spans record, and a client's Gets are traced, as they were before
 // clients skipped the spans of an unset provider.
 func TestTracing_GlobalProviderSetBack(t *testing.T) {
-	if got := globalTraceChild(t, restoredTraceChildEnv); got != "spans 1" {
-		t.Fatalf("child printed %q; want the Get traced (\"spans 1\")", got)
+	if got := globalTraceChild(t, restoredTraceChildEnv); got != "spans 1 1" {
+		t.Fatalf("child printed %q; want the Get and its fetch traced (\"spans 1 1\")", got)
 	}
 }

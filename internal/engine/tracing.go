@@ -51,7 +51,7 @@ func (e *Engine) begin(cl *callSpan, ctx context.Context) {
 // trace starts cl's span, and keeps it if it records.
 func (e *Engine) trace(cl *callSpan, id string) {
 	probe := false
-	if e.unset != nil && !e.unsetRecords.Load() && otel.GetTracerProvider() == e.unset {
+	if e.unsetQuiet() {
 		// No SDK yet: the span most likely records nothing, and starting
 		// it costs two allocations a flight (a mass miss starts
 		// thousands). But the unset provider's spans may record all the
@@ -188,6 +188,12 @@ func (e *Engine) fetchSpan(ctx context.Context, f *flight) (context.Context, tra
 		f.claim = nil
 		return trace.ContextWithSpan(ctx, span), span
 	}
+	if e.unsetQuiet() {
+		// As for a Get (see trace): without an SDK, a fetch span is two
+		// allocations that record nothing. A Get probes now and then
+		// whether the unset provider records after all.
+		return ctx, noSpan
+	}
 	ctx, span := e.tracer.Start(ctx, "memolock.fetch", e.fetchSpanOpts...)
 	if span.IsRecording() {
 		span.SetAttributes(attribute.String("memolock.id", f.id))
@@ -216,6 +222,15 @@ func firstLine(s string) string {
 	}
 	return s
 }
+
+// unsetQuiet reports whether the tracer is the unset global provider's, not
+// yet seen to record.
+func (e *Engine) unsetQuiet() bool {
+	return e.unset != nil && !e.unsetRecords.Load() && otel.GetTracerProvider() == e.unset
+}
+
+// noSpan is the span of a fetch that nothing traces: it does nothing.
+var noSpan = trace.SpanFromContext(context.Background())
 
 // unsetProbeEvery is how often a Get starts a span of the unset global
 // provider to see whether it records (see trace).
