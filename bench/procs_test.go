@@ -442,18 +442,21 @@ func gate(in *bufio.Scanner, peers []peer, prof *profiler, label string, gorouti
 		finished.Wait()
 		return childReport{}, fmt.Errorf("want \"go\", got %q (%v)", in.Text(), in.Err())
 	}
+	stop := prof.start(label)
+	// The heap and the collections are counted, as the CPU time is, inside
+	// the profiler's start and stop: writing the profiles allocates
+	// megabytes, and the allocations profile forces collections.
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	gcs, allocs, bytes := ms.NumGC, ms.Mallocs, ms.TotalAlloc
-	stop := prof.start(label)
 	cpu0 := cpuTime()
 	t0 := time.Now()
 	close(release)
 	finished.Wait()
 	elapsed := time.Since(t0)
 	cpu := cpuTime() - cpu0
-	stop()
 	runtime.ReadMemStats(&ms)
+	stop()
 	return childReport{ops: ops.Load(), errs: errs.Load(), start: t0, elapsed: elapsed, gcs: int64(ms.NumGC - gcs), cpu: cpu,
 		allocs: int64(ms.Mallocs - allocs), bytes: int64(ms.TotalAlloc - bytes)}, nil
 }
