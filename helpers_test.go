@@ -51,6 +51,10 @@ func TestMain(m *testing.M) {
 		runRestoredTraceChild(addr)
 		return
 	}
+	if addr := os.Getenv(restoredBatchTraceChildEnv); addr != "" {
+		runRestoredBatchTraceChild(addr)
+		return
+	}
 	// go-redis logs every failed dial; the outage tests make many on purpose.
 	redis.SetLogger(quietLogger{})
 	goleak.VerifyTestMain(m)

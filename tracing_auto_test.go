@@ -50,3 +50,54 @@ func TestTracing_GlobalProviderSetBack(t *testing.T) {
 		t.Fatalf("child printed %q; want the Get and its fetch traced (\"spans 1 1\")", got)
 	}
 }
+
+// restoredBatchTraceChildEnv makes the test binary the child of
+// TestTracing_GlobalProviderSetBackBatch.
+const restoredBatchTraceChildEnv = "MEMOLOCK_RESTORED_BATCH_TRACE_CHILD"
+
+// runRestoredBatchTraceChild is runRestoredTraceChild for a client that
+// only serves GetMany calls with a Batch: no Get of its own ever asks
+// whether the provider set back records. It prints the fetch spans the
+// SDK recorded.
+func runRestoredBatchTraceChild(addr string) {
+	rec := tracetest.NewSpanRecorder()
+	prev := otel.GetTracerProvider()
+	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)))
+	otel.SetTracerProvider(prev)
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	c, err := New(rdb, "trb", nil)
+	if err != nil {
+		fmt.Println("error", err)
+		return
+	}
+	defer c.Close()
+	items, err := c.GetMany(context.Background(), []string{"a", "b"}, nil, &ManyOptions{
+		Batch: func(_ context.Context, ids []string) (map[string]BatchValue, error) {
+			out := make(map[string]BatchValue, len(ids))
+			for _, id := range ids {
+				out[id] = BatchValue{Value: []byte("v"), TTL: time.Minute}
+			}
+			return out, nil
+		}})
+	if err != nil {
+		fmt.Println("error", err)
+		return
+	}
+	for _, it := range items {
+		if it.Err != nil || it.Served != ServedComputed {
+			fmt.Println("error", it.ID, it.Served, it.Err)
+			return
+		}
+	}
+	fmt.Println("fetch spans", len(spansNamed(rec, "memolock.fetch")))
+}
+
+// The fetches of a GetMany batch are traced through a global provider set
+// back after an SDK was set, as they were before fetches skipped the spans
+// of an unset provider, even when no Get has yet found it recording.
+func TestTracing_GlobalProviderSetBackBatch(t *testing.T) {
+	if got := globalTraceChild(t, restoredBatchTraceChildEnv); got != "fetch spans 2" {
+		t.Fatalf("child printed %q; want both fetches of the batch traced (\"fetch spans 2\")", got)
+	}
+}

@@ -73,11 +73,11 @@ type Engine struct {
 	// that is the provider: its spans record nothing until
 	// otel.SetTracerProvider, so a Get need not start one (see trace).
 	unset trace.TracerProvider
-	// unsetRecords is set once a Get span of the unset global provider
-	// recorded: it records without an SDK set, when OpenTelemetry's
+	// unsetRecords is set once a Get or fetch span of the unset global
+	// provider recorded: it records without an SDK set, when OpenTelemetry's
 	// auto-instrumentation agent attached, or when a provider set once
 	// was set back to it (it still delegates). unsetProbe is when the
-	// next Get may start a span to find that out (Unix ns).
+	// next Get or fetch may start a span to find that out (Unix ns).
 	unsetRecords atomic.Bool
 	unsetProbe   atomic.Int64
 	// spanOpts and fetchSpanOpts start the Get and fetch spans: made

@@ -57,8 +57,7 @@ func (e *Engine) trace(cl *callSpan, id string) {
 		// thousands). But the unset provider's spans may record all the
 		// same (auto-instrumentation, or a provider set back to it), so
 		// a Get now and then starts one to find out.
-		now, next := time.Now().UnixNano(), e.unsetProbe.Load()
-		if now < next || !e.unsetProbe.CompareAndSwap(next, now+int64(unsetProbeEvery)) {
+		if !e.probeDue() {
 			return
 		}
 		probe = true
@@ -188,14 +187,23 @@ func (e *Engine) fetchSpan(ctx context.Context, f *flight) (context.Context, tra
 		f.claim = nil
 		return trace.ContextWithSpan(ctx, span), span
 	}
-	if e.unsetQuiet() {
+	probe := false
+	if e.unsetQuiet() && (f.span == nil || !f.span.IsRecording()) {
 		// As for a Get (see trace): without an SDK, a fetch span is two
-		// allocations that record nothing. A Get probes now and then
-		// whether the unset provider records after all.
-		return ctx, noSpan
+		// allocations that record nothing. A fetch probes too, now and
+		// then, whether the unset provider records after all: a GetMany
+		// batch's flights have no Get to probe for them. A flight whose
+		// Get span records has seen the provider record.
+		if !e.probeDue() {
+			return ctx, noSpan
+		}
+		probe = true
 	}
 	ctx, span := e.tracer.Start(ctx, "memolock.fetch", e.fetchSpanOpts...)
 	if span.IsRecording() {
+		if probe {
+			e.unsetRecords.Store(true)
+		}
 		span.SetAttributes(attribute.String("memolock.id", f.id))
 	}
 	return ctx, span
@@ -229,11 +237,19 @@ func (e *Engine) unsetQuiet() bool {
 	return e.unset != nil && !e.unsetRecords.Load() && otel.GetTracerProvider() == e.unset
 }
 
+// probeDue reports whether a span of the unset provider is due to be
+// started to see whether it records: once every unsetProbeEvery, for the
+// one caller that claims the turn.
+func (e *Engine) probeDue() bool {
+	now, next := time.Now().UnixNano(), e.unsetProbe.Load()
+	return now >= next && e.unsetProbe.CompareAndSwap(next, now+int64(unsetProbeEvery))
+}
+
 // noSpan is the span of a fetch that nothing traces: it does nothing.
 var noSpan = trace.SpanFromContext(context.Background())
 
-// unsetProbeEvery is how often a Get starts a span of the unset global
-// provider to see whether it records (see trace).
+// unsetProbeEvery is how often a Get or a fetch starts a span of the
+// unset global provider to see whether it records (see trace).
 const unsetProbeEvery = 100 * time.Millisecond
 
 // isUnsetGlobal reports whether tp is the global tracer provider while no
