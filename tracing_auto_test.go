@@ -21,18 +21,11 @@ const restoredTraceChildEnv = "MEMOLOCK_RESTORED_TRACE_CHILD"
 // delegates to the SDK. A client made then with the default provider
 // serves a Get; it prints the Get and fetch spans the SDK recorded.
 func runRestoredTraceChild(addr string) {
-	rec := tracetest.NewSpanRecorder()
-	prev := otel.GetTracerProvider()
-	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)))
-	otel.SetTracerProvider(prev)
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
-	c, err := New(rdb, "trr", nil)
-	if err != nil {
-		fmt.Println("error", err)
+	rec, c, end := restoredProviderClient(addr, "trr")
+	if c == nil {
 		return
 	}
-	defer c.Close()
+	defer end()
 	if _, err := c.Get(context.Background(), "k", func(context.Context, *Lease) ([]byte, time.Duration, error) {
 		return []byte("v"), time.Minute, nil
 	}); err != nil {
@@ -40,6 +33,28 @@ func runRestoredTraceChild(addr string) {
 		return
 	}
 	fmt.Println("spans", len(spansNamed(rec, "memolock.Get")), len(spansNamed(rec, "memolock.fetch")))
+}
+
+// restoredProviderClient sets an SDK recording into rec as the global
+// provider, sets the provider it replaced back, and makes a client of tag
+// with the default provider. With no client (it printed the error), there
+// is nothing to end.
+func restoredProviderClient(addr, tag string) (rec *tracetest.SpanRecorder, c *Client, end func()) {
+	rec = tracetest.NewSpanRecorder()
+	prev := otel.GetTracerProvider()
+	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)))
+	otel.SetTracerProvider(prev)
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	c, err := New(rdb, tag, nil)
+	if err != nil {
+		fmt.Println("error", err)
+		_ = rdb.Close()
+		return rec, nil, nil
+	}
+	return rec, c, func() {
+		_ = c.Close()
+		_ = rdb.Close()
+	}
 }
 
 // The global provider set back after an SDK was set delegates to that SDK:
@@ -60,18 +75,11 @@ const restoredBatchTraceChildEnv = "MEMOLOCK_RESTORED_BATCH_TRACE_CHILD"
 // whether the provider set back records. It prints the fetch spans the
 // SDK recorded.
 func runRestoredBatchTraceChild(addr string) {
-	rec := tracetest.NewSpanRecorder()
-	prev := otel.GetTracerProvider()
-	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)))
-	otel.SetTracerProvider(prev)
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
-	c, err := New(rdb, "trb", nil)
-	if err != nil {
-		fmt.Println("error", err)
+	rec, c, end := restoredProviderClient(addr, "trb")
+	if c == nil {
 		return
 	}
-	defer c.Close()
+	defer end()
 	items, err := c.GetMany(context.Background(), []string{"a", "b"}, nil, &ManyOptions{
 		Batch: func(_ context.Context, ids []string) (map[string]BatchValue, error) {
 			out := make(map[string]BatchValue, len(ids))
