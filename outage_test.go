@@ -331,21 +331,12 @@ func TestClose_EndsTellingOfAFailedWrite(t *testing.T) {
 // TestGet_StoreWhileANodeIsFalselyKnownDownStillStores, and the store held
 // until Close cuts it.
 func TestClose_CuttingAStoreAfterTheCallersHandsTheLockOver(t *testing.T) {
-	srv := redistest.Start(t)
-	c := newTestClient(t, srv.Addr, "cutstore", &Options{LockTTL: 30 * time.Second})
-	other := newTestClient(t, srv.Addr, "cutstore", nil)
-	waiterLookups := countLookups(other.rdb, "cutstore:k")
+	c, other, waiterLookups := holderAndWaiter(t, "cutstore")
 	falselyDown := falselyDownOnCue(t, c, "cutstore")
 	began, _ := holdFirst(t, c, wire.ScriptsFor(false).Store, wire.StoreSrc)
 	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 	defer cancel()
-	first, release := fetching(t, c, ctx, "k", "v")
-	var again atomic.Int64
-	waiter := getAsync(other, ctx, "k", constFetch(&again, "computed by the waiter", 0))
-	parkedAndLive(t, waiterLookups, 2)
-	falselyDown(ctx)
-	release()
-	within(t, 10*time.Second, first, "v", "the flight's caller")
+	waiter, again := storeWhileFalselyDown(t, ctx, c, other, waiterLookups, falselyDown)
 	select {
 	case <-began:
 	case <-ctx.Done():
@@ -355,6 +346,9 @@ func TestClose_CuttingAStoreAfterTheCallersHandsTheLockOver(t *testing.T) {
 		t.Fatalf("Close = %v", err)
 	}
 	within(t, 10*time.Second, waiter, "computed by the waiter", "the waiter in another process (lock TTL 30s)")
+	if n := again.Load(); n != 1 {
+		t.Errorf("the waiter computed %d times; want once, after the hand-over", n)
+	}
 }
 
 // A store begun before Close, held (honouring its context, as go-redis's
@@ -362,10 +356,7 @@ func TestClose_CuttingAStoreAfterTheCallersHandsTheLockOver(t *testing.T) {
 // it ends one tried after the callers, instead of returning with it still
 // writing, and a waiter in another process takes over.
 func TestClose_EndsAStoreBegunBeforeIt(t *testing.T) {
-	srv := redistest.Start(t)
-	c := newTestClient(t, srv.Addr, "closeinline", &Options{LockTTL: 30 * time.Second})
-	other := newTestClient(t, srv.Addr, "closeinline", nil)
-	waiterLookups := countLookups(other.rdb, "closeinline:k")
+	c, other, waiterLookups := holderAndWaiter(t, "closeinline")
 	began, ended := holdFirst(t, c, wire.ScriptsFor(false).Store, wire.StoreSrc)
 	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 	defer cancel()
@@ -627,20 +618,11 @@ func falselyDownOnCue(t *testing.T, c *testClient, tag string) func(ctx context.
 // its value, which a waiter in another process, to whom the node is
 // fine, gets: not a failure that the store never tried.
 func TestGet_StoreWhileANodeIsFalselyKnownDownStillStores(t *testing.T) {
-	srv := redistest.Start(t)
-	c := newTestClient(t, srv.Addr, "falsedown", &Options{LockTTL: 30 * time.Second})
-	other := newTestClient(t, srv.Addr, "falsedown", nil)
-	waiterLookups := countLookups(other.rdb, "falsedown:k")
+	c, other, waiterLookups := holderAndWaiter(t, "falsedown")
 	falselyDown := falselyDownOnCue(t, c, "falsedown")
 	ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 	defer cancel()
-	first, release := fetching(t, c, ctx, "k", "v")
-	var again atomic.Int64
-	waiter := getAsync(other, ctx, "k", constFetch(&again, "computed by the waiter", 0))
-	parkedAndLive(t, waiterLookups, 2)
-	falselyDown(ctx)
-	release()
-	within(t, 10*time.Second, first, "v", "the flight's caller")
+	waiter, again := storeWhileFalselyDown(t, ctx, c, other, waiterLookups, falselyDown)
 	within(t, 10*time.Second, waiter, "v", "the waiter in another process")
 	if v, err := other.rdb.Get(ctx, "falsedown:k").Result(); err != nil || v != "v" {
 		t.Errorf("GET falsedown:k = %q, %v; want the value stored", v, err)
@@ -658,10 +640,7 @@ func TestGet_StoreWhileANodeIsFalselyKnownDownStillStores(t *testing.T) {
 // passed since Close began; a waiter elsewhere takes over at once rather
 // than when the lock expires.
 func TestClose_HandsOverTheLockOfAFetchSlowToCancel(t *testing.T) {
-	srv := redistest.Start(t)
-	c := newTestClient(t, srv.Addr, "closeslow", &Options{LockTTL: 30 * time.Second})
-	other := newTestClient(t, srv.Addr, "closeslow", nil)
-	waiterLookups := countLookups(other.rdb, "closeslow:k")
+	c, other, waiterLookups := holderAndWaiter(t, "closeslow")
 	ctx, cancel := context.WithTimeout(bg(), 25*time.Second)
 	defer cancel()
 	started := make(chan struct{})
@@ -733,4 +712,31 @@ func TestGet_StoreFailingWithADialTimeoutTellsAFailure(t *testing.T) {
 	if n := again.Load(); n != 0 {
 		t.Errorf("the waiter fetched %d times, want 0", n)
 	}
+}
+
+// storeWhileFalselyDown has c fetch id "k" while other waits on it, then
+// makes c take the node for down (falselyDown) and lets the fetch return
+// "v", which c's caller gets; it returns other's Get and a count of its
+// fetches.
+func storeWhileFalselyDown(t *testing.T, ctx context.Context, c, other *testClient, waiterLookups *lookups, falselyDown func(context.Context)) (waiter <-chan string, again *atomic.Int64) {
+	t.Helper()
+	first, release := fetching(t, c, ctx, "k", "v")
+	again = &atomic.Int64{}
+	waiter = getAsync(other, ctx, "k", constFetch(again, "computed by the waiter", 0))
+	parkedAndLive(t, waiterLookups, 2)
+	falselyDown(ctx)
+	release()
+	within(t, 10*time.Second, first, "v", "the flight's caller")
+	return waiter, again
+}
+
+// holderAndWaiter starts a redis-server with two clients of tag on it: c,
+// whose lock lives 30 s (only a hand-over ends it in time), and other, a
+// process waiting on the same ids, with a count of its lookups of id "k".
+func holderAndWaiter(t *testing.T, tag string) (c, other *testClient, waiterLookups *lookups) {
+	t.Helper()
+	srv := redistest.Start(t)
+	c = newTestClient(t, srv.Addr, tag, &Options{LockTTL: 30 * time.Second})
+	other = newTestClient(t, srv.Addr, tag, nil)
+	return c, other, countLookups(other.rdb, tag+":k")
 }
