@@ -358,8 +358,11 @@ namespace MemoLockNet
 
         void Shutdown()
         {
+            Callbacks.WaitIdle(); // fetches see their cancellation and return
+            // From here Close waits CloseWaitMs for the work under way, as in
+            // Go and Python: timed from when Close began, the release after a
+            // fetch slow to return was cut off by the subscriber's shutdown.
             var sw = Stopwatch.StartNew();
-            Callbacks.WaitIdle();
             lock (mu)
             {
                 while (running > 0)

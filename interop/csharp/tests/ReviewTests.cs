@@ -38,6 +38,8 @@ namespace MemoLockTests
         public int Messages;
         /// <summary>When set, runs on the subscriber's writer thread before each PING goes out (after the SUBSCRIBE before it).</summary>
         public Action BeforePing;
+        /// <summary>When set, runs before each release (the lock's compare-and-delete) goes out.</summary>
+        public Action BeforeRelease;
 
         public SpyTransport(RedisUrl url) { Inner = new RespTransport(url); }
 
@@ -45,6 +47,7 @@ namespace MemoLockTests
         {
             if (sha1 == Scripts.Renew.Sha1) Interlocked.Increment(ref Renews);
             if (sha1 == Scripts.Store.Sha1) Interlocked.Increment(ref Stores);
+            if (sha1 == Scripts.Release.Sha1 && BeforeRelease != null) BeforeRelease();
             if (sha1 == Scripts.Acquire.Sha1)
             {
                 int n;
@@ -430,6 +433,49 @@ namespace MemoLockTests
                     rdb.Dispose();
                     Assert.Eventually(() => ((object[])srv.Call("PUBSUB", "CHANNELS")).Length == 0, 5, "no channel left subscribed");
                 }
+            }
+        }
+
+        /// <summary>
+        /// Close waits its 1 s for the work under way from when the fetches
+        /// have returned, not from when Close began: a fetch that ignores its
+        /// cancellation for longer than that still has its lock released
+        /// before Close returns, as in Go and Python. The CLI exits right
+        /// after Close at a second signal, and left the lock behind under
+        /// load (the release raced the subscriber's shutdown).
+        /// </summary>
+        [Test(TimeoutSeconds = 60)]
+        static void Close_WaitsForTheReleaseAfterASlowFetch()
+        {
+            using (var srv = new RedisServer())
+            using (var rdb = new SpyTransport(srv.Url()))
+            {
+                var c = new MemoLock(rdb, "t");
+                var entered = new ManualResetEvent(false);
+                int releases = 0;
+                rdb.BeforeRelease = () => { Interlocked.Increment(ref releases); Thread.Sleep(300); }; // a slow round trip
+                Exception err = null;
+                var caller = Safe(() =>
+                {
+                    try
+                    {
+                        c.Get("slow", l =>
+                        {
+                            entered.Set();
+                            l.Cancellation.WaitHandle.WaitOne();
+                            Thread.Sleep(1500); // past the 1 s from when Close began
+                            throw new OperationCanceledException();
+                        });
+                    }
+                    catch (Exception e) { err = e; }
+                });
+                caller.Start();
+                Assert.True(entered.WaitOne(20000), "fetch runs");
+                c.Close();
+                Assert.Equal(1, Volatile.Read(ref releases), "one release sent");
+                Assert.Equal(null, srv.Call("GET", "t/lock:slow"), "lock released before Close returned");
+                Assert.True(caller.Join(5000), "caller returned");
+                Assert.True(err is MemoLockClosedException, "caller gets closed: " + err);
             }
         }
 
