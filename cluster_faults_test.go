@@ -261,6 +261,135 @@ type hotRead struct {
 	start  int64 // Unix ns
 	took   int64 // ns
 	served Served
+	// The latest reply from Redis in the child that carried this version
+	// and was read before the call returned (replyLog): when its command
+	// was sent and its reply read (Unix ns; 0: none seen), and the node.
+	// A call that joined a flight got that flight's lookup.
+	sent, read int64
+	node       string
+}
+
+// replyLog is a go-redis hook, on the cluster client and every node
+// client of a fault child, that keeps the last few replies carrying each
+// hot id's value: what a flight's lookup found, and when. The coherence
+// check uses them to tell a read whose lookup was sent before the write
+// it missed (it joined a flight, or its reply was slow to come) from one
+// that Redis answered with an old value after the write.
+type replyLog struct {
+	mu   sync.Mutex
+	seen map[string][]hotReply // id: its last replies, oldest first
+}
+
+type hotReply struct {
+	version    int
+	sent, read int64
+	node       string
+}
+
+const replyLogKeep = 64
+
+func newReplyLog() *replyLog { return &replyLog{seen: map[string][]hotReply{}} }
+
+func (l *replyLog) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (l *replyLog) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return nodeLog{l, ""}.ProcessHook(next)
+}
+
+func (l *replyLog) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return nodeLog{l, ""}.ProcessPipelineHook(next)
+}
+
+// nodeLog is the hook on one node client: its replies name the node
+// (addr). The cluster client's own names none.
+type nodeLog struct {
+	*replyLog
+	addr string
+}
+
+func (l nodeLog) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		sent := time.Now().UnixNano()
+		err := next(ctx, cmd)
+		l.noteAt(sent, cmd, l.addr)
+		return err
+	}
+}
+
+func (l nodeLog) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		sent := time.Now().UnixNano()
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			l.noteAt(sent, cmd, l.addr)
+		}
+		return err
+	}
+}
+
+// noteAt records cmd's reply if it carries a hot id's value.
+func (l *replyLog) noteAt(sent int64, cmd redis.Cmder, node string) {
+	var vals []string
+	switch c := cmd.(type) {
+	case *redis.StringCmd:
+		vals = append(vals, c.Val())
+	case *redis.Cmd:
+		vals = hotStrings(c.Val(), vals)
+	}
+	read := time.Now().UnixNano()
+	for _, v := range vals {
+		rest, ok := strings.CutPrefix(v, "v of hot-")
+		if !ok {
+			continue
+		}
+		num, ver, ok := strings.Cut(rest, "#")
+		version, err := strconv.Atoi(ver)
+		if !ok || err != nil {
+			continue
+		}
+		id := "hot-" + num
+		l.mu.Lock()
+		rs := append(l.seen[id], hotReply{version: version, sent: sent, read: read, node: node})
+		if len(rs) > replyLogKeep {
+			rs = rs[len(rs)-replyLogKeep:]
+		}
+		l.seen[id] = rs
+		l.mu.Unlock()
+	}
+}
+
+// hotStrings appends the strings in a reply (nested arrays included).
+func hotStrings(v any, out []string) []string {
+	switch v := v.(type) {
+	case string:
+		out = append(out, v)
+	case []any:
+		for _, e := range v {
+			out = hotStrings(e, out)
+		}
+	}
+	return out
+}
+
+// last returns the latest reply of id carrying version that was read by
+// before (Unix ns). The cluster client's hook sees a command after the
+// node's: of two replies read within a millisecond, the one that names
+// its node is taken.
+func (l *replyLog) last(id string, version int, before int64) (hotReply, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var best hotReply
+	found := false
+	for _, r := range l.seen[id] {
+		if r.version != version || r.read > before {
+			continue
+		}
+		near := found && max(r.read-best.read, best.read-r.read) <= int64(time.Millisecond)
+		if !found || (r.read > best.read && !near) || (near && best.node == "" && r.node != "") {
+			best, found = r, true
+		}
+	}
+	return best, found
 }
 
 // faultRecorder is what one caller goroutine saw; merged at the end.
@@ -361,6 +490,9 @@ func runFaultChild(raw string) {
 	redis.SetLogger(quietLogger{})
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{s.Addr}, ClientName: s.Name})
 	defer rdb.Close()
+	replies := newReplyLog()
+	rdb.AddHook(replies)
+	rdb.OnNewNode(func(n *redis.Client) { n.AddHook(nodeLog{replies, n.Options().Addr}) })
 	opts := &Options{LockTTL: 30 * time.Second}
 	if s.L1 {
 		opts.L1Size = 100_000
@@ -435,7 +567,7 @@ func runFaultChild(raw string) {
 		go func() {
 			defer wg.Done()
 			time.Sleep(time.Until(time.Unix(0, t0).Add(time.Duration(g) * faultStagger / time.Duration(s.Callers))))
-			faultCaller(c, t0, g, recs[g], fetch, &stop)
+			faultCaller(c, t0, g, recs[g], fetch, replies, &stop)
 		}()
 	}
 	wg.Wait()
@@ -469,7 +601,7 @@ func runFaultChild(raw string) {
 	}
 	for id, vs := range all.hot {
 		for v, hr := range vs {
-			fmt.Fprintf(out, "hot %s %d %d %d %d\n", id, v, hr.start, hr.served, hr.took)
+			fmt.Fprintf(out, "hot %s %d %d %d %d %d %d %q\n", id, v, hr.start, hr.served, hr.took, hr.sent, hr.read, hr.node)
 		}
 	}
 	for id, ic := range all.ids {
@@ -492,7 +624,7 @@ func runFaultChild(raw string) {
 }
 
 // faultCaller is one caller goroutine of a child.
-func faultCaller(c *Client, t0 int64, g int, rec *faultRecorder, fetch func(string) FetchFunc, stop *atomic.Bool) {
+func faultCaller(c *Client, t0 int64, g int, rec *faultRecorder, fetch func(string) FetchFunc, replies *replyLog, stop *atomic.Bool) {
 	fetchID := func(ctx context.Context, id string, l *Lease) ([]byte, time.Duration, error) {
 		return fetch(id)(ctx, l)
 	}
@@ -516,7 +648,11 @@ func faultCaller(c *Client, t0 int64, g int, rec *faultRecorder, fetch func(stri
 				if rec.hot[id] == nil {
 					rec.hot[id] = map[int]hotRead{}
 				}
-				rec.hot[id][version] = hotRead{start: start.UnixNano(), took: int64(time.Since(start)), served: r.Served}
+				hr := hotRead{start: start.UnixNano(), took: int64(time.Since(start)), served: r.Served}
+				if lr, ok := replies.last(id, version, time.Now().UnixNano()); ok {
+					hr.sent, hr.read, hr.node = lr.sent, lr.read, lr.node
+				}
+				rec.hot[id][version] = hr
 			}
 		case g%10 == 9:
 			ids := make([]string, 10)
@@ -1102,7 +1238,7 @@ func (r *faultRun) stop() *faultReport {
 			case "hot":
 				h := hotReadOf{child: r.names[p]}
 				var served int
-				if _, err := fmt.Sscanf(rest, "%s %d %d %d %d", &h.id, &h.version, &h.start, &served, &h.took); err != nil {
+				if _, err := fmt.Sscanf(rest, "%s %d %d %d %d %d %d %q", &h.id, &h.version, &h.start, &served, &h.took, &h.sent, &h.read, &h.node); err != nil {
 					r.t.Fatalf("child line %q: %v", line, err)
 				}
 				h.served = Served(served)
@@ -1391,8 +1527,11 @@ func (r *faultRun) check(rep *faultReport, fc faultChecks) {
 // 1.9 s). Such a read is excused if it is not older than excusedAge of the
 // slowest control GET from its own process to a healthy master (not one
 // of sick) between the write and the read's end, when its flight
-// answered. A read from the L1 has no excuse: the L1 must drop an
-// overwritten value within l1Bound.
+// answered. It is excused too if the reply that carried its value (the
+// fault child's replyLog) was to a lookup sent before the write completed
+// and read no longer than that bound before the call returned: the call
+// joined a flight that began before the write. A read from the L1 has no
+// excuse: the L1 must drop an overwritten value within l1Bound.
 //
 // With fc.zombie set, reads served from Redis of the frozen master's own
 // old data are not judged (see faultChecks.zombie); reads from the L1 are.
@@ -1409,10 +1548,19 @@ func (r *faultRun) checkCoherence(rep *faultReport, fc faultChecks) {
 	if writes == 0 {
 		t.Error("no hot id was overwritten: the coherence check proves nothing")
 	}
-	stale, l1Reads := 0, 0
+	stale, l1Reads, fromRedis, unlogged, named := 0, 0, 0, 0, 0
 	for _, h := range rep.hot {
 		if h.served == ServedL1 {
 			l1Reads++
+		}
+		if h.served == ServedRedis {
+			fromRedis++
+			if h.sent == 0 {
+				unlogged++
+			}
+			if h.node != "" {
+				named++
+			}
 		}
 		newer := int64(-1) // the earliest completion of a later version
 		for v, at := range w.done[h.id] {
@@ -1458,6 +1606,21 @@ func (r *faultRun) checkCoherence(rep *faultReport, fc faultChecks) {
 					time.Duration(h.start-newer).Round(time.Millisecond), ctl)
 				continue
 			}
+			// The call got what a lookup sent before the write completed
+			// found: it joined that lookup's flight, which began before
+			// the write (a caller may join a flight until it answers, as
+			// with singleflight), and Redis answered it with what it had
+			// then. The flight is judged from its lookup: what memolock
+			// adds is how long it held the reply before the call returned,
+			// which is bound as a control GET's delay is.
+			held := time.Duration(h.start + h.took - h.read)
+			if h.sent > 0 && h.sent < newer && held <= excusedAge(ctl) {
+				t.Logf("%s read version %d (served %v) at %.2fs in %s, %v after a newer version was written: excused, it got the reply to a lookup sent %v before that write completed (node %q), read %v after it was sent and %v before the call returned",
+					h.id, h.version, h.served, time.Duration(h.start-r.t0.UnixNano()).Seconds(), h.child,
+					time.Duration(h.start-newer).Round(time.Millisecond), time.Duration(newer-h.sent).Round(time.Millisecond), h.node,
+					time.Duration(h.read-h.sent).Round(time.Millisecond), held.Round(time.Millisecond))
+				continue
+			}
 		}
 		stale++
 		if stale <= 5 {
@@ -1466,11 +1629,22 @@ func (r *faultRun) checkCoherence(rep *faultReport, fc faultChecks) {
 				failed = append(failed, fmt.Sprintf("version %d from %.2fs to %.2fs", fw.version,
 					time.Duration(fw.start-r.t0.UnixNano()).Seconds(), time.Duration(fw.end-r.t0.UnixNano()).Seconds()))
 			}
-			t.Errorf("%s read version %d (served %v) at %.2fs in %s, %v after a newer version was written (at %.2fs); the call took %v; failed writes of the id: %v; its fetches that ended: %v",
+			lookup := "no reply from Redis in that process carried that version"
+			if h.sent > 0 {
+				lookup = fmt.Sprintf("the last reply in that process that carried it: sent at %.2fs, read at %.2fs, node %q",
+					time.Duration(h.sent-r.t0.UnixNano()).Seconds(), time.Duration(h.read-r.t0.UnixNano()).Seconds(), h.node)
+			}
+			t.Errorf("%s read version %d (served %v) at %.2fs in %s, %v after a newer version was written (at %.2fs); the call took %v; %s; failed writes of the id: %v; its fetches that ended: %v",
 				h.id, h.version, h.served, time.Duration(h.start-r.t0.UnixNano()).Seconds(), h.child,
 				time.Duration(h.start-newer).Round(time.Millisecond), time.Duration(newer-r.t0.UnixNano()).Seconds(),
-				time.Duration(h.took).Round(time.Millisecond), failed, r.fetchesOf(rep, h.id))
+				time.Duration(h.took).Round(time.Millisecond), lookup, failed, r.fetchesOf(rep, h.id))
 		}
+	}
+	// Each read served from Redis got its value in a reply its process
+	// read; a few may have been pushed out of the log by newer replies.
+	t.Logf("hot reads served from Redis: %d, %d of them without a reply logged, %d with one that names its node", fromRedis, unlogged, named)
+	if unlogged*2 > fromRedis {
+		t.Errorf("%d of %d reads of hot ids served from Redis have no reply in their process's log that carried their version: the reply log misses replies", unlogged, fromRedis)
 	}
 	if stale > 0 {
 		// A healthy master failed over under load would lose the writes
