@@ -414,6 +414,39 @@ def test_close_releases_with_abandon(server, tag):
     r.close()
 
 
+def test_close_waits_for_the_release_after_a_slow_fetch(server, tag):
+    """Close waits its 1 s for the work under way from when the fetches it
+    cancelled have returned: a fetch that ignores its cancellation past that
+    second still has its lock released (slowly here) before close returns."""
+    r = server.client()
+    c = memolock.Client(r, tag, lock_ttl=30)
+    started = threading.Event()
+    inner = c._scripts["release"]
+    releases = []
+
+    def slow_release(**kw):
+        releases.append(1)
+        time.sleep(0.3)  # a slow round trip
+        return inner(**kw)
+
+    c._scripts["release"] = slow_release
+
+    def fetch(lease):
+        started.set()
+        lease.cancelled.wait(WAIT)
+        time.sleep(1.5)  # past the 1 s from when close began
+        raise RuntimeError("cancelled")
+
+    t, box = run_thread(c.get, "cs", fetch)
+    assert started.wait(WAIT)
+    c.close()
+    assert releases == [1]
+    assert r.get(f"{tag}/lock:cs") is None, "lock released before close returned"
+    t.join(WAIT)
+    assert isinstance(box["err"], memolock.Closed)
+    r.close()
+
+
 def test_hash_ids(server, tag):
     r = server.client()
     with memolock.Client(r, tag, hash_ids=True) as c:
