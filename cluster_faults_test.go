@@ -267,6 +267,13 @@ type hotRead struct {
 	// A call that joined a flight got that flight's lookup.
 	sent, read int64
 	node       string
+	// lastSent: the latest send of any logged reply that carried this
+	// version and was read before the call returned. Which of them served
+	// the call the log cannot say (flights of one id may overlap: one that
+	// every caller left goes on); the judge takes the latest, as a reply
+	// to a lookup sent after the write that still carried this version
+	// (a lost write) is what it must not excuse.
+	lastSent int64
 }
 
 // replyLog is a go-redis hook, on the cluster client and every node
@@ -372,24 +379,27 @@ func hotStrings(v any, out []string) []string {
 }
 
 // last returns the latest reply of id carrying version that was read by
-// before (Unix ns). The cluster client's hook sees a command after the
+// before (Unix ns), and the latest time a reply carrying it (read by
+// before) was sent. The cluster client's hook sees a command after the
 // node's: of two replies read within a millisecond, the one that names
 // its node is taken.
-func (l *replyLog) last(id string, version int, before int64) (hotReply, bool) {
+func (l *replyLog) last(id string, version int, before int64) (hotReply, int64, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var best hotReply
+	var lastSent int64
 	found := false
 	for _, r := range l.seen[id] {
 		if r.version != version || r.read > before {
 			continue
 		}
+		lastSent = max(lastSent, r.sent)
 		near := found && max(r.read-best.read, best.read-r.read) <= int64(time.Millisecond)
 		if !found || (r.read > best.read && !near) || (near && best.node == "" && r.node != "") {
 			best, found = r, true
 		}
 	}
-	return best, found
+	return best, lastSent, found
 }
 
 // faultRecorder is what one caller goroutine saw; merged at the end.
@@ -601,7 +611,7 @@ func runFaultChild(raw string) {
 	}
 	for id, vs := range all.hot {
 		for v, hr := range vs {
-			fmt.Fprintf(out, "hot %s %d %d %d %d %d %d %q\n", id, v, hr.start, hr.served, hr.took, hr.sent, hr.read, hr.node)
+			fmt.Fprintf(out, "hot %s %d %d %d %d %d %d %q %d\n", id, v, hr.start, hr.served, hr.took, hr.sent, hr.read, hr.node, hr.lastSent)
 		}
 	}
 	for id, ic := range all.ids {
@@ -648,9 +658,12 @@ func faultCaller(c *Client, t0 int64, g int, rec *faultRecorder, fetch func(stri
 				if rec.hot[id] == nil {
 					rec.hot[id] = map[int]hotRead{}
 				}
-				hr := hotRead{start: start.UnixNano(), took: int64(time.Since(start)), served: r.Served}
-				if lr, ok := replies.last(id, version, time.Now().UnixNano()); ok {
-					hr.sent, hr.read, hr.node = lr.sent, lr.read, lr.node
+				// One instant for the call's end and the log's: a reply
+				// read after took was measured served no part of it.
+				end := time.Now()
+				hr := hotRead{start: start.UnixNano(), took: int64(end.Sub(start)), served: r.Served}
+				if lr, lastSent, ok := replies.last(id, version, end.UnixNano()); ok {
+					hr.sent, hr.read, hr.node, hr.lastSent = lr.sent, lr.read, lr.node, lastSent
 				}
 				rec.hot[id][version] = hr
 			}
@@ -1238,7 +1251,7 @@ func (r *faultRun) stop() *faultReport {
 			case "hot":
 				h := hotReadOf{child: r.names[p]}
 				var served int
-				if _, err := fmt.Sscanf(rest, "%s %d %d %d %d %d %d %q", &h.id, &h.version, &h.start, &served, &h.took, &h.sent, &h.read, &h.node); err != nil {
+				if _, err := fmt.Sscanf(rest, "%s %d %d %d %d %d %d %q %d", &h.id, &h.version, &h.start, &served, &h.took, &h.sent, &h.read, &h.node, &h.lastSent); err != nil {
 					r.t.Fatalf("child line %q: %v", line, err)
 				}
 				h.served = Served(served)
@@ -1527,10 +1540,11 @@ func (r *faultRun) check(rep *faultReport, fc faultChecks) {
 // 1.9 s). Such a read is excused if it is not older than excusedAge of the
 // slowest control GET from its own process to a healthy master (not one
 // of sick) between the write and the read's end, when its flight
-// answered. It is excused too if the reply that carried its value (the
-// fault child's replyLog) was to a lookup sent before the write completed
-// and read no longer than that bound before the call returned: the call
-// joined a flight that began before the write. A read from the L1 has no
+// answered. A read served from Redis is excused too if the replies that
+// carried its value (the fault child's replyLog) were all to lookups sent
+// before the write completed, the last read no longer than that bound
+// before the call returned: the call joined a flight that began before
+// the write. A read from the L1 has no
 // excuse: the L1 must drop an overwritten value within l1Bound.
 //
 // With fc.zombie set, reads served from Redis of the frozen master's own
@@ -1613,8 +1627,15 @@ func (r *faultRun) checkCoherence(rep *faultReport, fc faultChecks) {
 			// then. The flight is judged from its lookup: what memolock
 			// adds is how long it held the reply before the call returned,
 			// which is bound as a control GET's delay is.
+			// Only a value that came in a lookup's reply (ServedRedis)
+			// has one; a computed or pushed value matched to some reply
+			// would be excused by a lookup that did not serve it. And
+			// every logged reply that carried the version must have been
+			// sent before the write completed: one sent after it came
+			// from a node that had lost the write, and may be the one
+			// that served the call (the last read need not be).
 			held := time.Duration(h.start + h.took - h.read)
-			if h.sent > 0 && h.sent < newer && held <= excusedAge(ctl) {
+			if h.served == ServedRedis && h.sent > 0 && h.lastSent < newer && held <= excusedAge(ctl) {
 				t.Logf("%s read version %d (served %v) at %.2fs in %s, %v after a newer version was written: excused, it got the reply to a lookup sent %v before that write completed (node %q), read %v after it was sent and %v before the call returned",
 					h.id, h.version, h.served, time.Duration(h.start-r.t0.UnixNano()).Seconds(), h.child,
 					time.Duration(h.start-newer).Round(time.Millisecond), time.Duration(newer-h.sent).Round(time.Millisecond), h.node,
@@ -1631,8 +1652,9 @@ func (r *faultRun) checkCoherence(rep *faultReport, fc faultChecks) {
 			}
 			lookup := "no reply from Redis in that process carried that version"
 			if h.sent > 0 {
-				lookup = fmt.Sprintf("the last reply in that process that carried it: sent at %.2fs, read at %.2fs, node %q",
-					time.Duration(h.sent-r.t0.UnixNano()).Seconds(), time.Duration(h.read-r.t0.UnixNano()).Seconds(), h.node)
+				lookup = fmt.Sprintf("the last reply in that process that carried it: sent at %.2fs, read at %.2fs, node %q; the latest sent of those that carried it: %.2fs",
+					time.Duration(h.sent-r.t0.UnixNano()).Seconds(), time.Duration(h.read-r.t0.UnixNano()).Seconds(), h.node,
+					time.Duration(h.lastSent-r.t0.UnixNano()).Seconds())
 			}
 			t.Errorf("%s read version %d (served %v) at %.2fs in %s, %v after a newer version was written (at %.2fs); the call took %v; %s; failed writes of the id: %v; its fetches that ended: %v",
 				h.id, h.version, h.served, time.Duration(h.start-r.t0.UnixNano()).Seconds(), h.child,
@@ -2142,4 +2164,39 @@ func commandRejected(t testing.TB, n *redistest.Server, cmd string) int64 {
 		return rejected
 	}
 	return 0
+}
+
+// TestReplyLog_LastSentSeesEveryReply: of two replies carrying one
+// version read within a millisecond, last takes the first for its read
+// (the near rule), but lastSent is the later one's send: a reply to a
+// lookup sent after the write (a node that lost it) must not be hidden
+// behind one sent before.
+func TestReplyLog_LastSentSeesEveryReply(t *testing.T) {
+	l := newReplyLog()
+	reply := func(v string) redis.Cmder {
+		c := redis.NewStringCmd(context.Background(), "get", "k")
+		c.SetVal(v)
+		return c
+	}
+	now := time.Now().UnixNano()
+	write := now - int64(10*time.Millisecond)
+	l.noteAt(write-int64(50*time.Millisecond), reply("v of hot-1#3"), "a:1")
+	l.noteAt(write+int64(time.Millisecond), reply("v of hot-1#3"), "a:1")
+	l.noteAt(write+int64(2*time.Millisecond), reply("v of hot-1#4"), "a:1")
+	l.noteAt(write+int64(3*time.Millisecond), reply("v of w-1"), "a:1")
+	l.mu.Lock()
+	for i := range l.seen["hot-1"] {
+		l.seen["hot-1"][i].read = now + int64(i)*int64(100*time.Microsecond) // read within 1 ms of one another
+	}
+	l.mu.Unlock()
+	r, lastSent, ok := l.last("hot-1", 3, now+int64(time.Second))
+	if !ok || r.sent >= write {
+		t.Fatalf("last: %+v %v; want the first reply (sent before the write)", r, ok)
+	}
+	if lastSent != write+int64(time.Millisecond) {
+		t.Fatalf("lastSent %d, want the second reply's send %d", lastSent, write+int64(time.Millisecond))
+	}
+	if _, _, ok := l.last("hot-1", 3, now-1); ok {
+		t.Fatal("a reply read after before was taken")
+	}
 }
