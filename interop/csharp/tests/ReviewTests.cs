@@ -451,31 +451,35 @@ namespace MemoLockTests
             using (var rdb = new SpyTransport(srv.Url()))
             {
                 var c = new MemoLock(rdb, "t");
-                var entered = new ManualResetEvent(false);
-                int releases = 0;
-                rdb.BeforeRelease = () => { Interlocked.Increment(ref releases); Thread.Sleep(300); }; // a slow round trip
-                Exception err = null;
-                var caller = Safe(() =>
+                try
                 {
-                    try
+                    var entered = new ManualResetEvent(false);
+                    int releases = 0;
+                    rdb.BeforeRelease = () => { Interlocked.Increment(ref releases); Thread.Sleep(300); }; // a slow round trip
+                    Exception err = null;
+                    var caller = Safe(() =>
                     {
-                        c.Get("slow", l =>
+                        try
                         {
-                            entered.Set();
-                            l.Cancellation.WaitHandle.WaitOne();
-                            Thread.Sleep(1500); // past the 1 s from when Close began
-                            throw new OperationCanceledException();
-                        });
-                    }
-                    catch (Exception e) { err = e; }
-                });
-                caller.Start();
-                Assert.True(entered.WaitOne(20000), "fetch runs");
-                c.Close();
-                Assert.Equal(1, Volatile.Read(ref releases), "one release sent");
-                Assert.Equal(null, srv.Call("GET", "t/lock:slow"), "lock released before Close returned");
-                Assert.True(caller.Join(5000), "caller returned");
-                Assert.True(err is MemoLockClosedException, "caller gets closed: " + err);
+                            c.Get("slow", l =>
+                            {
+                                entered.Set();
+                                l.Cancellation.WaitHandle.WaitOne();
+                                Thread.Sleep(1500); // past the 1 s from when Close began
+                                throw new OperationCanceledException();
+                            });
+                        }
+                        catch (Exception e) { err = e; }
+                    });
+                    caller.Start();
+                    Assert.True(entered.WaitOne(20000), "fetch runs");
+                    c.Close();
+                    Assert.Equal(1, Volatile.Read(ref releases), "one release sent");
+                    Assert.Equal(null, srv.Call("GET", "t/lock:slow"), "lock released before Close returned");
+                    Assert.True(caller.Join(5000), "caller returned");
+                    Assert.True(err is MemoLockClosedException, "caller gets closed: " + err);
+                }
+                finally { c.Close(); } // a second Close is harmless; it ends the fetch if an assertion failed first
             }
         }
 
