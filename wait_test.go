@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -716,5 +717,44 @@ func TestGet_WaiterThatFindsTheNotFoundMarkerEndsNotFound(t *testing.T) {
 	}
 	if n := raw.Exists(bg(), "wnf/lock:k").Val(); n != 0 {
 		t.Error("the waiter took the lock")
+	}
+}
+
+// A caller whose context has no Done channel cannot leave, and waits only
+// for its flight's answer: the flight it leads pursues on the caller's own
+// goroutine, so that a miss that waits on another holder costs no
+// goroutine beyond the caller's (BenchmarkMassMiss, BenchmarkMassExpiry).
+// A caller that may leave still gets a flight goroutine.
+func TestGet_ALeaderThatCannotLeavePursuesOnItsOwnGoroutine(t *testing.T) {
+	b := realBackend(t)
+	raw := rawClient(t, b.addr)
+	c := newTestClient(t, b.addr, "own", &Options{LockTTL: 30 * time.Second})
+	var looked [3]*lookups
+	for i := range looked {
+		k := fmt.Sprint("k", i)
+		raw.Set(bg(), "own/lock:"+k, "holder-"+k, 30*time.Second)
+		looked[i] = countLookups(c.rdb, "own:"+k)
+	}
+	// The first wait starts the pub/sub connection's goroutines.
+	got0 := getAsync(c, bg(), "k0", noFetch)
+	parkedAndLive(t, looked[0], 2)
+	goroutinesSettle := func(want int) {
+		t.Helper()
+		eventually(t, 10*time.Second, fmt.Sprintf("%d goroutines", want), func() bool { return runtime.NumGoroutine() == want })
+	}
+	g0 := runtime.NumGoroutine()
+	got1 := getAsync(c, bg(), "k1", noFetch)
+	parkedAndLive(t, looked[1], 2)
+	goroutinesSettle(g0 + 1) // the caller's own
+	ctx, cancel := context.WithCancel(bg())
+	defer cancel()
+	got2 := getAsync(c, ctx, "k2", noFetch)
+	parkedAndLive(t, looked[2], 2)
+	goroutinesSettle(g0 + 3) // the caller's and its flight's
+	for i, got := range []<-chan string{got0, got1, got2} {
+		k := fmt.Sprint("k", i)
+		raw.Set(bg(), "own:"+k, "v"+k, time.Minute)
+		raw.Publish(bg(), "own/notif:"+k, "v"+k)
+		within(t, 5*time.Second, got, "v"+k, k)
 	}
 }

@@ -189,11 +189,12 @@ func (e *Engine) joined(cl *callSpan, f *flight) {
 	cl.joined(f)
 }
 
-// launch makes f's first lookup and starts its goroutine, which pursues the
-// rest. A caller that cannot leave (its context has no Done channel) makes
-// the first lookup on its own goroutine, so that a hit costs no goroutine;
-// a caller that may leave must not wait on Redis itself, as go-redis
-// ignores context deadlines by default.
+// launch makes f's first lookup and pursues the rest. A caller that cannot
+// leave (its context has no Done channel) does both on its own goroutine,
+// so that neither a hit nor a miss costs a goroutine (but a GetMany
+// member's pursuit has one: see below); a caller that may leave must not
+// wait on Redis itself, as go-redis ignores context deadlines by default,
+// and its flight gets a goroutine of its own.
 func (e *Engine) launch(f *flight, ctx context.Context) {
 	if f.member != nil {
 		f.member.launched(f)
@@ -218,8 +219,47 @@ func (e *Engine) launch(f *flight, ctx context.Context) {
 		return
 	}
 	e.flights.launch(f, ctx)
-	later := a // a, on the hit path, stays on the stack
-	go e.run(f, &later)
+	if f.member != nil {
+		// A GetMany batch starts its members one after another on its
+		// goroutine: each pursues on its own.
+		later := a
+		go e.run(f, &later)
+		return
+	}
+	e.pursueHere(f, a)
+}
+
+// pursueHere pursues f past its first lookup, a, on its leader's goroutine,
+// which cannot leave (its context has no Done channel) and would only wait
+// for f's answer: a miss then costs no goroutine of its own (see
+// BenchmarkMassMiss). The work that can wait until the callers have their
+// answer goes on a goroutine, so that the leader returns with the others.
+//
+//go:noinline
+func (e *Engine) pursueHere(f *flight, a attempt) {
+	p := &pursuit{e: e, f: f, ctx: f.ctx}
+	val, err := p.pursue(a)
+	if p.own || p.maybeLocked || p.after != nil {
+		// Its end has Redis to write to once the callers have their
+		// answer (a lock to release, a failure to tell): the leader, a
+		// caller too, must not wait for that. Rare: a failed lookup or
+		// fetch, or an external producer's lock.
+		go func() {
+			defer e.work.done()
+			if later := e.conclude(p, val, err); later != nil {
+				later()
+			}
+		}()
+		return
+	}
+	if later := e.conclude(p, val, err); later != nil {
+		go func() {
+			defer e.work.done()
+			later()
+		}()
+		return
+	}
+	e.work.done()
 }
 
 // run is a flight's goroutine: it pursues the value from the first
