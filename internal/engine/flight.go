@@ -17,7 +17,9 @@ import (
 // membership (refs, phase, fallback) belongs to the group's mutex; answer is
 // written once, by the group's finish, before done is closed; everything
 // else a flight knows while it runs (the holder it waits for, its timer and
-// subscription, its lock) belongs to its own goroutine, in a pursuit.
+// subscription, its lock) belongs to its own goroutine, in a pursuit: one
+// started for it, or its first caller's when that caller cannot leave (see
+// Engine.launch).
 type flight struct {
 	id    string     // as the caller gave it
 	key   string     // as sent to Redis (hashed with HashIDs, placed with HashTags)
