@@ -270,8 +270,8 @@ func (f userFetch) Fetch(ctx context.Context, l *wire.Lease) ([]byte, time.Durat
 // at once, cancels the context of running fetches and waits for them to
 // return, and closes the pub/sub connection. Callers still waiting get
 // ErrClosed at once; a caller whose context has no Done channel may be in
-// its first lookup, on its own goroutine, and returns when that lookup
-// does. Close does not close the redis client.
+// a lookup of its flight, on its own goroutine, and returns when that
+// lookup does. Close does not close the redis client.
 //
 // Calls to Redis that Close makes or waits for are bounded: if Redis does
 // not answer, Close returns after about a second, and calls still blocked

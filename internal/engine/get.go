@@ -191,10 +191,11 @@ func (e *Engine) joined(cl *callSpan, f *flight) {
 
 // launch makes f's first lookup and pursues the rest. A caller that cannot
 // leave (its context has no Done channel) does both on its own goroutine,
-// so that neither a hit nor a miss costs a goroutine (but a GetMany
-// member's pursuit has one: see below); a caller that may leave must not
-// wait on Redis itself, as go-redis ignores context deadlines by default,
-// and its flight gets a goroutine of its own.
+// so that neither a hit nor a miss that waits on another holder costs a
+// goroutine (but a GetMany member's pursuit has one, and so has one that
+// calls back into the user's code: see pursueHere); a caller that may
+// leave must not wait on Redis itself, as go-redis ignores context
+// deadlines by default, and its flight gets a goroutine of its own.
 func (e *Engine) launch(f *flight, ctx context.Context) {
 	if f.member != nil {
 		f.member.launched(f)
@@ -231,14 +232,23 @@ func (e *Engine) launch(f *flight, ctx context.Context) {
 
 // pursueHere pursues f past its first lookup, a, on its leader's goroutine,
 // which cannot leave (its context has no Done channel) and would only wait
-// for f's answer: a miss then costs no goroutine of its own (see
-// BenchmarkMassMiss). The work that can wait until the callers have their
-// answer goes on a goroutine, so that the leader returns with the others.
+// for f's answer: a miss that waits on another holder then costs no
+// goroutine of its own (see BenchmarkMassMiss). The leader pursues only
+// while the pursuit watches for its answer (Close, or a value pushed to
+// it): before a user callback (fetch, start, OnWait), which Close waits
+// for but must not make the leader wait for, the rest of the pursuit goes
+// on a goroutine, and so does the work that can wait until the callers
+// have their answer, so that the leader returns with the others.
 //
 //go:noinline
 func (e *Engine) pursueHere(f *flight, a attempt) {
-	p := &pursuit{e: e, f: f, ctx: f.ctx}
-	val, err := p.pursue(a)
+	p := &pursuit{e: e, f: f, ctx: f.ctx, inline: true}
+	val, err, rest := p.pursueFrom(&a)
+	if rest {
+		p.inline = false
+		go e.resume(p, a)
+		return
+	}
 	if p.own || p.maybeLocked || p.after != nil {
 		// Its end has Redis to write to once the callers have their
 		// answer (a lock to release, a failure to tell): the leader, a
@@ -260,6 +270,17 @@ func (e *Engine) pursueHere(f *flight, a attempt) {
 		return
 	}
 	e.work.done()
+}
+
+// resume is the goroutine of a flight whose leader pursued it up to a,
+// an outcome that calls back into the user's code: it pursues the rest,
+// answers the callers, then does what could wait.
+func (e *Engine) resume(p *pursuit, a attempt) {
+	defer e.work.done()
+	val, err := p.pursue(a)
+	if later := e.conclude(p, val, err); later != nil {
+		later()
+	}
 }
 
 // run is a flight's goroutine: it pursues the value from the first

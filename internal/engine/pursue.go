@@ -62,22 +62,40 @@ type pursuit struct {
 	// after, if set, is run by end: work that can wait until the callers
 	// have their answer.
 	after func()
+	// inline is set while the flight's leader pursues on its own goroutine
+	// (see pursueHere): the pursuit stops before it calls back into the
+	// user's code.
+	inline bool
 }
 
 // pursue looks the value up until it has it, computes it, or fails,
 // starting from the outcome of the flight's first lookup.
 func (p *pursuit) pursue(a attempt) ([]byte, error) {
+	val, err, _ := p.pursueFrom(&a)
+	return val, err
+}
+
+// pursueFrom is pursue, from *a. An inline pursuit (see pursueHere) stops
+// before an outcome that calls back into the user's code, which it leaves
+// in *a, and reports rest: the leader must not wait for a callback, which
+// Close waits for, but need not.
+func (p *pursuit) pursueFrom(a *attempt) (val []byte, err error, rest bool) {
 	e, f := p.e, p.f
 	for {
+		if p.inline && p.callsBack(a) {
+			return nil, nil, true
+		}
 		if a.err != nil {
 			p.maybeLocked = p.maybeLocked || a.sent
 			p.served = ServedComputed // if FailOpen computes
-			return e.lookupFailed(f, a.err)
+			val, err = e.lookupFailed(f, a.err)
+			return val, err, false
 		}
 		r := a.r
 		switch {
 		case r.Kind == wire.Hit || r.Kind == wire.Refresh:
-			return p.found(r)
+			val, err = p.found(r)
+			return val, err, false
 		case r.Kind == wire.NotFound:
 			p.served = ServedRedis
 			if p.waited {
@@ -89,13 +107,14 @@ func (p *pursuit) pursue(a attempt) ([]byte, error) {
 				// have their answer, with no linger ([L4]).
 				p.release(wire.AbandonEvent(f.token))
 			}
-			return nil, e.notFoundErr(f.id)
+			return nil, e.notFoundErr(f.id), false
 		case r.Kind == wire.Locked && f.start == nil:
 			n, pttl, decided := p.heard(r.PTTL)
 			if decided {
-				return n.val, n.err
+				return n.val, n.err, false
 			}
-			return p.compute(pttl)
+			val, err = p.compute(pttl)
+			return val, err, false
 		case r.Kind == wire.Locked && p.own && r.PTTL >= 0:
 			// External-producer mode: the lock we took is still ours, and
 			// the producer still at work, unless it said otherwise in a
@@ -103,7 +122,7 @@ func (p *pursuit) pursue(a attempt) ([]byte, error) {
 			if late := p.late; late != "" {
 				p.late = ""
 				if n, decided := p.ownLateEnd(late); decided {
-					return n.val, n.err
+					return n.val, n.err, false
 				}
 			}
 			r = wire.Reply{Kind: wire.Busy, PTTL: r.PTTL, Holder: f.token}
@@ -116,10 +135,10 @@ func (p *pursuit) pursue(a attempt) ([]byte, error) {
 				left = r.PTTL
 			}
 			if n, _, decided := p.heard(r.PTTL); decided {
-				return n.val, n.err
+				return n.val, n.err, false
 			}
 			if n, decided := p.startExternal(); decided {
-				return n.val, n.err
+				return n.val, n.err, false
 			}
 			// Its timer runs from what is left of the lock: the takeover
 			// check, going live and start took some of it ([E1]).
@@ -127,10 +146,26 @@ func (p *pursuit) pursue(a attempt) ([]byte, error) {
 		}
 		n := p.wait(r)
 		if !n.again {
-			return n.val, n.err
+			return n.val, n.err, false
 		}
-		a = e.lookup(p.ctx, f)
+		*a = e.lookup(p.ctx, f)
 	}
+}
+
+// callsBack reports whether pursuing a calls back into the user's code
+// next: a fetch or start under the lock a took, a fetch without one under
+// FailOpen, or OnWait for a new holder to wait on.
+func (p *pursuit) callsBack(a *attempt) bool {
+	if a.err != nil {
+		return p.e.cfg.FailOpen && p.f.fetch != nil && isOutage(a.err)
+	}
+	switch a.r.Kind {
+	case wire.Hit, wire.Refresh, wire.NotFound:
+		return false
+	case wire.Locked:
+		return true
+	}
+	return p.e.cfg.OnWait != nil && a.r.Holder != p.holder && a.r.Holder != p.f.token
 }
 
 // found ends the pursuit with a value found in Redis.
