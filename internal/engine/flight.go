@@ -18,8 +18,8 @@ import (
 // written once, by the group's finish, before done is closed; everything
 // else a flight knows while it runs (the holder it waits for, its timer and
 // subscription, its lock) belongs to its own goroutine, in a pursuit: one
-// started for it, or its first caller's when that caller cannot leave (see
-// Engine.launch).
+// started for it, or, up to a user callback, its first caller's when that
+// caller cannot leave (see Engine.pursueHere).
 type flight struct {
 	id    string     // as the caller gave it
 	key   string     // as sent to Redis (hashed with HashIDs, placed with HashTags)
