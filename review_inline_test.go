@@ -15,27 +15,30 @@ import (
 // callback the flight runs (fetch, start, OnWait), which may be slow to
 // honour its cancellation, or wait for the caller itself.
 func TestClose_AnswersALeaderWithoutDoneWhileItsCallbackRuns(t *testing.T) {
+	// heldGet starts a Get whose fetch closes started, then holds on until
+	// letGo is closed (or 10s), ignoring its context.
+	heldGet := func(c *testClient, started, letGo chan struct{}) <-chan error {
+		out := make(chan error, 1)
+		go func() {
+			_, err := c.Get(bg(), "k", func(context.Context, *Lease) ([]byte, time.Duration, error) {
+				close(started)
+				select {
+				case <-letGo:
+				case <-time.After(10 * time.Second):
+				}
+				return []byte("late"), time.Minute, nil
+			})
+			out <- err
+		}()
+		return out
+	}
 	for _, tc := range []struct {
 		name string
 		// run starts the Get, whose callback closes started, then holds
 		// on until letGo is closed (or 10s), ignoring its context.
 		run func(c *testClient, started, letGo chan struct{}) <-chan error
 	}{
-		{name: "fetch", run: func(c *testClient, started, letGo chan struct{}) <-chan error {
-			out := make(chan error, 1)
-			go func() {
-				_, err := c.Get(bg(), "k", func(context.Context, *Lease) ([]byte, time.Duration, error) {
-					close(started)
-					select {
-					case <-letGo:
-					case <-time.After(10 * time.Second):
-					}
-					return []byte("late"), time.Minute, nil
-				})
-				out <- err
-			}()
-			return out
-		}},
+		{name: "fetch", run: heldGet},
 		{name: "start", run: func(c *testClient, started, letGo chan struct{}) <-chan error {
 			out := make(chan error, 1)
 			go func() {
@@ -51,21 +54,7 @@ func TestClose_AnswersALeaderWithoutDoneWhileItsCallbackRuns(t *testing.T) {
 			}()
 			return out
 		}},
-		{name: "fetch under FailOpen", run: func(c *testClient, started, letGo chan struct{}) <-chan error {
-			out := make(chan error, 1)
-			go func() {
-				_, err := c.Get(bg(), "k", func(context.Context, *Lease) ([]byte, time.Duration, error) {
-					close(started)
-					select {
-					case <-letGo:
-					case <-time.After(10 * time.Second):
-					}
-					return []byte("late"), time.Minute, nil
-				})
-				out <- err
-			}()
-			return out
-		}},
+		{name: "fetch under FailOpen", run: heldGet},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := miniBackend(t)
