@@ -286,6 +286,10 @@ func TestGet_RetriedStoreIsNotALostLease(t *testing.T) {
 // In external-producer mode the winner holds the lock: a caller that leaves
 // must cancel neither start nor the wait, and must not fail waiters
 // elsewhere.
+//
+// The caller leaves once start runs, not at a fixed deadline: under a
+// doubled load a 100 ms deadline ended before the first lookup had taken
+// the lock, and then nothing started.
 func TestGetExternal_CallerLeavingNeitherCancelsStartNorFailsWaiters(t *testing.T) {
 	b := realBackend(t)
 	opts := &Options{LockTTL: 30 * time.Second}
@@ -293,9 +297,11 @@ func TestGetExternal_CallerLeavingNeitherCancelsStartNorFailsWaiters(t *testing.
 	other := newTestClient(t, b.addr, "ext2", opts)
 	raw := rawClient(t, b.addr)
 	startErr := make(chan error, 1)
+	started, proceed := make(chan struct{}), make(chan struct{})
 	start := func(ctx context.Context, l *Lease) error {
+		close(started)
 		select { // a slow hand-off, say an HTTP call to the producer
-		case <-time.After(300 * time.Millisecond):
+		case <-proceed:
 		case <-ctx.Done():
 		}
 		startErr <- ctx.Err()
@@ -308,19 +314,25 @@ func TestGetExternal_CallerLeavingNeitherCancelsStartNorFailsWaiters(t *testing.
 		}()
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(bg(), 100*time.Millisecond)
+	ctx, cancel := context.WithCancel(bg())
 	defer cancel()
 	left := make(chan error, 1)
 	go func() { _, err := a.GetExternal(ctx, "q", start); left <- err }()
-	eventually(t, 5*time.Second, "the winner to start", func() bool { return a.Stats().Fetches == 1 })
+	select {
+	case <-started:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the winner never started")
+	}
+	cancel() // the caller leaves while start runs
+	if err := <-left; !errors.Is(err, ErrTimeout) {
+		t.Errorf("leaving caller: %v", err)
+	}
+	close(proceed)
 	wctx, wcancel := context.WithTimeout(bg(), 5*time.Second)
 	defer wcancel()
 	v, err := other.GetExternal(wctx, "q", func(context.Context, *Lease) error { return errors.New("must not start") })
 	if err != nil || string(v) != "pdf" {
 		t.Errorf("waiter elsewhere: %q, %v", v, err)
-	}
-	if err := <-left; !errors.Is(err, ErrTimeout) {
-		t.Errorf("leaving caller: %v", err)
 	}
 	if err := <-startErr; err != nil {
 		t.Errorf("start's context: %v, want it alive", err)
