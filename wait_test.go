@@ -414,9 +414,16 @@ func TestGetExternal_WinnerKeepsItsLockUntilTheValueComes(t *testing.T) {
 		}()
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(bg(), 100*time.Millisecond)
+	// The caller leaves once start runs, not at a fixed deadline: under a
+	// doubled load a 100 ms deadline ended before the first lookup, and a
+	// flight every caller left before start starts nothing ([C9]).
+	ctx, cancel := context.WithCancel(bg())
 	defer cancel()
-	if _, err := a.GetExternal(ctx, "q", start); !errors.Is(err, ErrTimeout) {
+	left := make(chan error, 1)
+	go func() { _, err := a.GetExternal(ctx, "q", start); left <- err }()
+	eventually(t, 20*time.Second, "start to run", func() bool { return starts.Load() == 1 })
+	cancel()
+	if err := <-left; !errors.Is(err, ErrTimeout) {
 		t.Fatalf("leaving caller: %v", err)
 	}
 	eventually(t, 5*time.Second, "the winner to start", func() bool { return starts.Load() == 1 })
