@@ -261,3 +261,13 @@ func TestGoidIsTheStacksGoroutineID(t *testing.T) {
 		t.Errorf("goid reads runtime.Stack on %s/%s, %s: petermattis/goid disagreed with it at start-up", runtime.GOOS, runtime.GOARCH, runtime.Version())
 	}
 }
+
+// A hot key makes a flight for about every 15 callers across processes
+// (BenchmarkHotKeyProcesses), and a hit read first touches none of what the
+// lookups keep (lookupState): the flight itself must fit a 256-byte
+// allocation, not the 384 it took when that state lived in it.
+func TestFlight_FitsA256ByteAllocation(t *testing.T) {
+	if size := reflect.TypeOf(flight{}).Size(); size > 256 {
+		t.Errorf("a flight takes %d bytes; want at most 256 (move what only some flights need behind a pointer, as lookupState)", size)
+	}
+}

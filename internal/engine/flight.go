@@ -28,9 +28,13 @@ type flight struct {
 	// looked is set by the flight's first lookup: only that one may be a
 	// plain GET (see hints.go). Only the lookups touch it.
 	looked bool
-	fetch  Fetcher
-	start  StartFunc  // external-producer mode when set
-	span   trace.Span // the leader's Get span; nil when not traced
+	// inCallback counts the flight's callbacks running now (see
+	// Engine.reentered). It sits beside kind and looked, in what would be
+	// padding: the flight then fits a 256-byte allocation.
+	inCallback atomic.Int32
+	fetch      Fetcher
+	start      StartFunc  // external-producer mode when set
+	span       trace.Span // the leader's Get span; nil when not traced
 	// claim is the span token names, when the leader's Get is traced:
 	// started before the first lookup, it becomes the fetch span if the
 	// flight computes, or ends as "memolock.lookup" (see claimSpan). Only
@@ -39,16 +43,11 @@ type flight struct {
 	// member, for a flight of a GetMany batch, is its place in the batch:
 	// told of the flight's launch, its first lookup's outcome and its end.
 	member batchPart
-	l1     l1.Snap // the L1's invalidations before the first lookup
-	l1From *node   // the node whose tracking l1 follows; only its replies may enter the L1
-	// The acquire script's keys and arguments, made at the first lookup
-	// for all of them. The flight's lookups read them, and its store and
-	// lease after them.
-	lookupKeys []string
-	lookupArgs []any
-	// inCallback counts the flight's callbacks running now (see
-	// Engine.reentered).
-	inCallback atomic.Int32
+	// look is what the flight's lookups keep, made when one needs it: a
+	// hit read first with GET, a hot key's common flight, needs none of
+	// it, and its flight stays small. Only the flight's pursuit touches
+	// it.
+	look *lookupState
 
 	ctx  context.Context    // set by launch: the first caller's values, no deadline
 	stop context.CancelFunc // cancels ctx
@@ -139,10 +138,46 @@ func (e *Engine) await(ctx context.Context, f *flight) answer {
 	return answer{err: err}
 }
 
+// lookupState is what a flight's lookups keep: the L1's invalidations
+// before the first (on a client with an L1), and the acquire script's keys
+// and arguments, made at the first script for all of them; the flight's
+// store and lease read them after.
+type lookupState struct {
+	l1     l1.Snap // the L1's invalidations before the first lookup
+	l1From *node   // the node whose tracking l1 follows; only its replies may enter the L1
+	keys   []string
+	args   []any
+}
+
+// looks returns f's lookupState, making it if f has none yet.
+func (f *flight) looks() *lookupState {
+	if f.look == nil {
+		f.look = new(lookupState)
+	}
+	return f.look
+}
+
+// lookupKeys is the acquire script's keys, nil until the first script.
+func (f *flight) lookupKeys() []string {
+	if f.look == nil {
+		return nil
+	}
+	return f.look.keys
+}
+
+// l1Snap is the L1's invalidations before the first lookup: the zero Snap,
+// which is not live and lets nothing into the L1, if none was taken.
+func (f *flight) l1Snap() l1.Snap {
+	if f.look == nil {
+		return l1.Snap{}
+	}
+	return f.look.l1
+}
+
 // lockKey is the key of f's lock if its lookups have made it, else "".
 func (f *flight) lockKey() string {
-	if f.lookupKeys == nil {
-		return ""
+	if keys := f.lookupKeys(); keys != nil {
+		return keys[1]
 	}
-	return f.lookupKeys[1]
+	return ""
 }

@@ -315,8 +315,8 @@ func (e *Engine) lookup(ctx context.Context, f *flight) attempt {
 	if err != nil {
 		return attempt{err: err}
 	}
-	if e.l1 != nil && f.l1From == nil {
-		f.l1, f.l1From = e.snap(n, f.key), n // before anything is read
+	if e.l1 != nil && f.look == nil {
+		f.look = &lookupState{l1: e.snap(n, f.key), l1From: n} // before anything is read
 	}
 	reads := e.readsFirst(f)
 	if reads && !f.looked {
@@ -326,7 +326,7 @@ func (e *Engine) lookup(ctx context.Context, f *flight) attempt {
 		}
 	}
 	f.looked = true
-	if f.lookupKeys == nil {
+	if f.lookupKeys() == nil {
 		// Made at the first script: a hit read first needs none of it.
 		window := e.cfg.RefreshAhead
 		if f.kind != forGet || f.start != nil {
@@ -335,23 +335,24 @@ func (e *Engine) lookup(ctx context.Context, f *flight) attempt {
 		if f.token == "" {
 			f.token = wire.NewToken()
 		}
-		f.lookupKeys = e.keys.ID(f.key)
-		f.lookupArgs = e.proto.AcquireArgs(f.token, e.cfg.LockTTL, window, e.l1 != nil)
+		look := f.looks()
+		look.keys = e.keys.ID(f.key)
+		look.args = e.proto.AcquireArgs(f.token, e.cfg.LockTTL, window, e.l1 != nil)
 	}
 	a := e.lookupOn(ctx, f, n)
 	if reads && a.err == nil && a.r.Kind == wire.Hit {
 		e.hints.found(f.key, e.keys.Value, time.Now().UnixNano())
 	}
-	if e.l1 != nil && (n != f.l1From || a.r.Elsewhere) {
+	if e.l1 != nil && (n != f.look.l1From || a.r.Elsewhere) {
 		// Read from a node whose invalidations the snap did not follow.
-		f.l1 = l1.Snap{}
+		f.look.l1 = l1.Snap{}
 	}
 	return a
 }
 
 // lookupOn runs the acquire script for f on node n.
 func (e *Engine) lookupOn(ctx context.Context, f *flight, n *node) attempt {
-	r, err := e.proto.Acquire(ctx, n.batch.run, f.lookupKeys, f.lookupArgs)
+	r, err := e.proto.Acquire(ctx, n.batch.run, f.look.keys, f.look.args)
 	if err != nil && slotMoving(err) {
 		return e.lookupMigrating(ctx, f, n)
 	}
@@ -386,7 +387,7 @@ func (e *Engine) conclude(p *pursuit, val []byte, err error) func() {
 		return e.promotion(p, f, val, true)
 	case p.served != ServedRedis:
 	case p.notFound:
-		e.l1.PutNotFound(f.key, p.notFoundTTL, f.l1)
+		e.l1.PutNotFound(f.key, p.notFoundTTL, f.l1Snap())
 	case err == nil:
 		// A value that came while waiting was just stored by its holder,
 		// whose write invalidates it: promoting it would be a wasted
@@ -403,9 +404,9 @@ func (e *Engine) promotion(p *pursuit, f *flight, val []byte, stale bool) func()
 	switch {
 	case !p.hasTTL || p.valueTTL == 0:
 	case stale:
-		e.l1.PutStale(f.key, val, p.valueTTL, f.l1)
+		e.l1.PutStale(f.key, val, p.valueTTL, f.l1Snap())
 	default:
-		e.l1.Put(f.key, val, e.l1TTL(p.valueTTL), f.l1)
+		e.l1.Put(f.key, val, e.l1TTL(p.valueTTL), f.l1Snap())
 	}
 	return nil
 }

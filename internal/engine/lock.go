@@ -49,7 +49,7 @@ func (e *Engine) store(p *pursuit, val []byte, ttl time.Duration, closing bool) 
 		return nil
 	}
 	own := e.expectOwn(f.key)
-	stored, err := e.proto.Store(ctx, f.key, f.lookupKeys, f.token, val, ttl)
+	stored, err := e.proto.Store(ctx, f.key, f.lookupKeys(), f.token, val, ttl)
 	err = cutIf(ctx, err)
 	if err != nil && passing(err) && e.cfg.Cluster != nil && !closing {
 		// The slot is being migrated, or its master failed over: the
@@ -93,7 +93,7 @@ func (e *Engine) storeMigrating(f *flight, val []byte, ttl time.Duration) {
 	defer cancel()
 	var stored bool
 	err := e.throughMigration(ctx, func() (err error) {
-		stored, err = e.proto.Store(ctx, f.key, f.lookupKeys, f.token, val, ttl)
+		stored, err = e.proto.Store(ctx, f.key, f.lookupKeys(), f.token, val, ttl)
 		return err
 	})
 	err = cutIf(ctx, err)

@@ -47,7 +47,7 @@ func (e *Engine) lookupMigrating(ctx context.Context, f *flight, n *node) attemp
 			return attempt{err: fmt.Errorf("%w: %w", ErrTimeout, ctx.Err())}
 		}
 		pause = min(2*pause, migrationPause)
-		r, err = e.proto.Acquire(ctx, n.batch.run, f.lookupKeys, f.lookupArgs)
+		r, err = e.proto.Acquire(ctx, n.batch.run, f.look.keys, f.look.args)
 		switch {
 		case err == nil:
 			return attempt{r: r}
