@@ -43,10 +43,10 @@ type flight struct {
 	// member, for a flight of a GetMany batch, is its place in the batch:
 	// told of the flight's launch, its first lookup's outcome and its end.
 	member batchPart
-	// look is what the flight's lookups keep, made when one needs it: a
-	// hit read first with GET, a hot key's common flight, needs none of
-	// it, and its flight stays small. Only the flight's pursuit touches
-	// it.
+	// look is what the flight's lookups keep, made when one needs it: on
+	// a client without an L1, a hit read first with GET (a hot key's
+	// common flight) needs none of it, and its flight stays small. Only
+	// the flight's pursuit touches it.
 	look *lookupState
 
 	ctx  context.Context    // set by launch: the first caller's values, no deadline
@@ -166,7 +166,8 @@ func (f *flight) lookupKeys() []string {
 }
 
 // l1Snap is the L1's invalidations before the first lookup: the zero Snap,
-// which is not live and lets nothing into the L1, if none was taken.
+// which is not live and lets nothing into the L1, if none was taken or a
+// reply came from a node the snap did not follow (see lookup).
 func (f *flight) l1Snap() l1.Snap {
 	if f.look == nil {
 		return l1.Snap{}
