@@ -15,6 +15,10 @@ type group struct {
 	flights   map[string]*flight
 	detached  map[*flight]struct{} // running, but no longer joined: see detach
 	coalesced int64                // counted under mu, which every join takes anyway
+	// waking holds, by key, a flight that left flights and is waking its
+	// callers (see settle); woken, on mu, is broadcast when one is done.
+	waking map[string]*flight
+	woken  sync.Cond
 	// answers counts the answers that finish gives, before the callers
 	// can see them (a caller may read the counters as soon as it wakes).
 	answers *counters
@@ -25,6 +29,7 @@ type group struct {
 func (g *group) find(key string) (*flight, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.awaitWoken(key)
 	if g.closed {
 		return nil, ErrClosed
 	}
@@ -36,6 +41,19 @@ func (g *group) find(key string) (*flight, error) {
 	return nil, nil
 }
 
+// awaitWoken waits, under mu, until no flight for key is waking its
+// callers, or the group is closed. A caller who answers again at once
+// then starts the key's next flight only once the callers it answered
+// with are all runnable, and they can join it.
+func (g *group) awaitWoken(key string) {
+	for g.waking[key] != nil && !g.closed {
+		if g.woken.L == nil {
+			g.woken.L = &g.mu
+		}
+		g.woken.Wait()
+	}
+}
+
 // lead makes f, built outside the lock, the flight for its key, and
 // reports true; or, if another caller made one meanwhile, joins that one
 // and returns it. When it makes f the flight, it adds one to w, for f's
@@ -43,6 +61,7 @@ func (g *group) find(key string) (*flight, error) {
 func (g *group) lead(f *flight, w *work) (*flight, bool, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.awaitWoken(f.key)
 	if g.closed {
 		return nil, false, ErrClosed
 	}
@@ -140,17 +159,16 @@ func (g *group) finish(f *flight, a answer) int { return g.settle(f, a, false) }
 // producer, is finished by its own goroutine alone.
 func (g *group) deliver(f *flight, a answer) int { return g.settle(f, a, true) }
 
-// settle answers f's callers, unless f finished already. A flight of 3 to
-// wakeUnderLock callers wakes them before it lets go of the group's mutex,
-// as singleflight does: a caller woken first, which calls again at once,
-// then cannot start the key's next flight before the others are woken, and
-// run it alone. Waking them after unlocking let that happen whenever the
-// waking thread lost its core midway: on a hot key over 4 processes, 5.6%
-// of memolock's flights served one caller (2.0% of singleflight's), and it
-// sent 3-4% more GETs per call (see bench/README.md). With one or two
-// callers nobody is left behind, and with many the callers of other keys
-// would wait on the mutex for as long as the wake-up takes: those wake
-// after unlocking.
+// settle answers f's callers, unless f finished already. It wakes them
+// after letting go of the group's mutex, which every key's callers take.
+// A flight that was the key's, with two callers or more, stays in waking
+// meanwhile: a caller of the key waits until they are all woken (see
+// awaitWoken). Otherwise a caller woken first, which calls again at once,
+// led the key's next flight alone whenever the thread waking the others
+// lost its core midway: on a hot key over 4 processes, 5.6% of memolock's
+// flights served one caller (2.0% of singleflight's, which wakes its
+// callers under its mutex), and it sent 3-4% more GETs per call (see
+// bench/README.md, "Why memolock's hot key sent more GETs").
 func (g *group) settle(f *flight, a answer, onlyLooking bool) int {
 	g.mu.Lock()
 	if f.phase == finished || (onlyLooking && f.phase != looking) {
@@ -158,26 +176,32 @@ func (g *group) settle(f *flight, a answer, onlyLooking bool) int {
 		return -1
 	}
 	f.phase = finished
-	g.drop(f)
 	callers := f.refs
+	held := callers > 1 && g.flights[f.key] == f
+	g.drop(f)
+	if held {
+		if g.waking == nil {
+			g.waking = make(map[string]*flight)
+		}
+		g.waking[f.key] = f
+	}
+	g.mu.Unlock()
 	f.answer = a
 	if callers > 0 && g.answers != nil {
 		served, o := outcomeOf(a.served, a.err)
 		g.answers.answers[served][o].Add(int64(callers))
 	}
-	if callers > 2 && callers <= wakeUnderLock {
-		close(f.done)
-		g.mu.Unlock()
-		return callers
-	}
-	g.mu.Unlock()
 	close(f.done)
+	if held {
+		g.mu.Lock()
+		if g.waking[f.key] == f {
+			delete(g.waking, f.key)
+		}
+		g.woken.Broadcast()
+		g.mu.Unlock()
+	}
 	return callers
 }
-
-// wakeUnderLock is the most callers a flight wakes while it holds the
-// group's mutex (see settle): waking one takes well under a microsecond.
-const wakeUnderLock = 256
 
 // close closes the group and returns the flights in it. It reports false
 // if the group was closed already.
@@ -188,6 +212,7 @@ func (g *group) close() ([]*flight, bool) {
 		return nil, false
 	}
 	g.closed = true
+	g.woken.Broadcast() // callers waiting for a flight to wake its own: closed
 	flights := make([]*flight, 0, len(g.flights)+len(g.detached))
 	for _, f := range g.flights {
 		flights = append(flights, f)

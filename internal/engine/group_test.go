@@ -1,6 +1,12 @@
 package engine
 
-import "testing"
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
 
 // A flight sealed while it releases its lock (its holder's failure heard in
 // the takeover check, or its external producer's) may still answer its
@@ -33,4 +39,119 @@ func TestGroup_DetachTakesTheCopyOfASealedFlightToo(t *testing.T) {
 	}
 	g.finish(f, answer{})
 	g.finish(other, answer{})
+}
+
+// While a flight with callers to wake is waking them (settle, between
+// leaving flights and closing done), a caller of its key waits: were it
+// the first one woken, calling again at once, it would lead the key's next
+// flight before the others could join it. It goes on once the wake-up is
+// over, or at Close; callers of other keys never wait.
+func TestGroup_ACallerOfAWakingKeyWaitsForTheWakeUp(t *testing.T) {
+	var g group
+	var w work
+	waking := &flight{id: "k", key: "k", done: make(chan struct{})}
+	g.mu.Lock()
+	g.waking = map[string]*flight{"k": waking}
+	g.mu.Unlock()
+
+	found := make(chan error, 1)
+	go func() {
+		f, err := g.find("k")
+		if f != nil {
+			err = fmt.Errorf("joined %p", f)
+		}
+		found <- err
+	}()
+	led := make(chan bool, 1)
+	next := &flight{id: "k", key: "k", done: make(chan struct{})}
+	go func() {
+		_, ok, _ := g.lead(next, &w)
+		led <- ok
+	}()
+	// Another key's caller goes through at once.
+	if f, err := g.find("j"); f != nil || err != nil {
+		t.Fatalf("find(j) = %v, %v", f, err)
+	}
+	// Nothing may come back before the wake-up ends (a late return would
+	// only make this pass wrongly, never fail wrongly).
+	select {
+	case err := <-found:
+		t.Fatalf("find returned (%v) while the key's flight was waking its callers", err)
+	case <-led:
+		t.Fatal("lead returned while the key's flight was waking its callers")
+	case <-time.After(50 * time.Millisecond):
+	}
+	g.mu.Lock()
+	delete(g.waking, "k")
+	g.woken.Broadcast()
+	g.mu.Unlock()
+	select {
+	case ok := <-led:
+		if !ok {
+			t.Error("lead joined a flight once the wake-up was over")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("lead still waits after the wake-up ended")
+	}
+	select {
+	case err := <-found:
+		// find ran before or after lead: none found, or the new one joined.
+		if err != nil && !strings.HasPrefix(err.Error(), "joined") {
+			t.Errorf("find: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("find still waits after the wake-up ended")
+	}
+	g.finish(next, answer{})
+
+	// Close ends the wait too.
+	g.mu.Lock()
+	g.waking["k"] = waking
+	g.mu.Unlock()
+	go func() {
+		_, err := g.find("k")
+		found <- err
+	}()
+	g.close()
+	select {
+	case err := <-found:
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("find after Close: %v, want ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("find still waits after Close")
+	}
+}
+
+// settle leaves nothing waking behind it, whatever the number of callers,
+// and a detached flight, which no caller of its key could join anyway, is
+// never waking.
+func TestGroup_SettleLeavesNothingWaking(t *testing.T) {
+	var g group
+	var w work
+	for _, callers := range []int{1, 2, 3, 300} {
+		f := &flight{id: "k", key: "k", done: make(chan struct{})}
+		if _, led, err := g.lead(f, &w); err != nil || !led {
+			t.Fatalf("lead: %v, %v", led, err)
+		}
+		for range callers - 1 {
+			if j, err := g.find("k"); j != f || err != nil {
+				t.Fatalf("find: %p, %v", j, err)
+			}
+		}
+		if n := g.finish(f, answer{val: []byte("v")}); n != callers {
+			t.Errorf("finish answered %d callers, want %d", n, callers)
+		}
+		if len(g.waking) != 0 || len(g.flights) != 0 {
+			t.Errorf("%d callers: waking %v, flights %v after finish", callers, g.waking, g.flights)
+		}
+	}
+	f := &flight{id: "k", key: "k", done: make(chan struct{})}
+	g.lead(f, &w)
+	g.find("k")
+	g.detach("k")
+	g.finish(f, answer{})
+	if len(g.waking) != 0 || len(g.detached) != 0 {
+		t.Errorf("detached: waking %v, detached %v after finish", g.waking, g.detached)
+	}
 }
