@@ -15,9 +15,10 @@ type group struct {
 	flights   map[string]*flight
 	detached  map[*flight]struct{} // running, but no longer joined: see detach
 	coalesced int64                // counted under mu, which every join takes anyway
-	// waking holds, by key, a flight that left flights and is waking its
-	// callers (see settle); woken, on mu, is broadcast when one is done.
-	waking map[string]*flight
+	// waking counts, by key, the flights that left flights and are waking
+	// their callers (see settle); woken, on mu, is broadcast when one is
+	// done.
+	waking map[string]int
 	woken  sync.Cond
 	// answers counts the answers that finish gives, before the callers
 	// can see them (a caller may read the counters as soon as it wakes).
@@ -46,7 +47,7 @@ func (g *group) find(key string) (*flight, error) {
 // then starts the key's next flight only once the callers it answered
 // with are all runnable, and they can join it.
 func (g *group) awaitWoken(key string) {
-	for g.waking[key] != nil && !g.closed {
+	for g.waking[key] > 0 && !g.closed {
 		if g.woken.L == nil {
 			g.woken.L = &g.mu
 		}
@@ -161,14 +162,16 @@ func (g *group) deliver(f *flight, a answer) int { return g.settle(f, a, true) }
 
 // settle answers f's callers, unless f finished already. It wakes them
 // after letting go of the group's mutex, which every key's callers take.
-// A flight that was the key's, with two callers or more, stays in waking
-// meanwhile: a caller of the key waits until they are all woken (see
-// awaitWoken). Otherwise a caller woken first, which calls again at once,
-// led the key's next flight alone whenever the thread waking the others
-// lost its core midway: on a hot key over 4 processes, 5.6% of memolock's
-// flights served one caller (2.0% of singleflight's, which wakes its
-// callers under its mutex), and it sent 3-4% more GETs per call (see
-// bench/README.md, "Why memolock's hot key sent more GETs").
+// A flight with two callers or more, when no other flight of its key is
+// joinable (it was the key's, or it was sealed or detached and none has
+// started since), counts in waking meanwhile: a caller of the key waits
+// until they are all woken (see awaitWoken). Otherwise a caller woken
+// first, which calls again at once, led the key's next flight alone
+// whenever the thread waking the others lost its core midway: on a hot
+// key over 4 processes, 5.6% of memolock's flights served one caller
+// (2.0% of singleflight's, which wakes its callers under its mutex), and
+// it sent 3-4% more GETs per call (see bench/README.md, "Why memolock's
+// hot key sent more GETs").
 func (g *group) settle(f *flight, a answer, onlyLooking bool) int {
 	g.mu.Lock()
 	if f.phase == finished || (onlyLooking && f.phase != looking) {
@@ -177,13 +180,13 @@ func (g *group) settle(f *flight, a answer, onlyLooking bool) int {
 	}
 	f.phase = finished
 	callers := f.refs
-	held := callers > 1 && g.flights[f.key] == f
 	g.drop(f)
+	held := callers > 1 && g.flights[f.key] == nil // else its callers join that one
 	if held {
 		if g.waking == nil {
-			g.waking = make(map[string]*flight)
+			g.waking = make(map[string]int)
 		}
-		g.waking[f.key] = f
+		g.waking[f.key]++
 	}
 	g.mu.Unlock()
 	f.answer = a
@@ -194,7 +197,7 @@ func (g *group) settle(f *flight, a answer, onlyLooking bool) int {
 	close(f.done)
 	if held {
 		g.mu.Lock()
-		if g.waking[f.key] == f {
+		if g.waking[f.key]--; g.waking[f.key] == 0 {
 			delete(g.waking, f.key)
 		}
 		g.woken.Broadcast()

@@ -49,9 +49,8 @@ func TestGroup_DetachTakesTheCopyOfASealedFlightToo(t *testing.T) {
 func TestGroup_ACallerOfAWakingKeyWaitsForTheWakeUp(t *testing.T) {
 	var g group
 	var w work
-	waking := &flight{id: "k", key: "k", done: make(chan struct{})}
 	g.mu.Lock()
-	g.waking = map[string]*flight{"k": waking}
+	g.waking = map[string]int{"k": 1}
 	g.mu.Unlock()
 
 	found := make(chan error, 1)
@@ -104,14 +103,44 @@ func TestGroup_ACallerOfAWakingKeyWaitsForTheWakeUp(t *testing.T) {
 	}
 	g.finish(next, answer{})
 
+	// The end of another flight's wake-up wakes the waiting callers, who
+	// look again: here the key's own wake-up ended meanwhile, untold.
+	g.mu.Lock()
+	g.waking["k"] = 1
+	g.mu.Unlock()
+	go func() {
+		f, err := g.find("k")
+		if f != nil {
+			err = fmt.Errorf("joined %p", f)
+		}
+		found <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // let find wait (too short only makes this pass wrongly)
+	g.mu.Lock()
+	delete(g.waking, "k")
+	g.mu.Unlock()
+	j := &flight{id: "j", key: "j", done: make(chan struct{})}
+	g.lead(j, &w)
+	g.find("j")
+	g.finish(j, answer{}) // two callers: a wake-up of its own, then a broadcast
+	select {
+	case err := <-found:
+		if err != nil {
+			t.Errorf("find: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("find still waits after a wake-up ended")
+	}
+
 	// Close ends the wait too.
 	g.mu.Lock()
-	g.waking["k"] = waking
+	g.waking["k"] = 1
 	g.mu.Unlock()
 	go func() {
 		_, err := g.find("k")
 		found <- err
 	}()
+	time.Sleep(50 * time.Millisecond) // let find wait (too short only makes this pass wrongly)
 	g.close()
 	select {
 	case err := <-found:
@@ -124,8 +153,7 @@ func TestGroup_ACallerOfAWakingKeyWaitsForTheWakeUp(t *testing.T) {
 }
 
 // settle leaves nothing waking behind it, whatever the number of callers,
-// and a detached flight, which no caller of its key could join anyway, is
-// never waking.
+// and whether its flight was the key's or detached.
 func TestGroup_SettleLeavesNothingWaking(t *testing.T) {
 	var g group
 	var w work
@@ -143,7 +171,7 @@ func TestGroup_SettleLeavesNothingWaking(t *testing.T) {
 			t.Errorf("finish answered %d callers, want %d", n, callers)
 		}
 		if len(g.waking) != 0 || len(g.flights) != 0 {
-			t.Errorf("%d callers: waking %v, flights %v after finish", callers, g.waking, g.flights)
+			t.Fatalf("%d callers: waking %v, flights %v after finish", callers, g.waking, g.flights)
 		}
 	}
 	f := &flight{id: "k", key: "k", done: make(chan struct{})}
