@@ -16,10 +16,12 @@ type group struct {
 	detached  map[*flight]struct{} // running, but no longer joined: see detach
 	coalesced int64                // counted under mu, which every join takes anyway
 	// waking counts, by key, the flights that left flights and are waking
-	// their callers (see settle); woken, on mu, is broadcast when one is
-	// done.
+	// their callers (see settle). wakers holds, by key, a channel that the
+	// first caller to wait for the key's wake-ups makes, and that is closed
+	// when they are over (or at close): a key's wake-up ending wakes no
+	// other key's callers, and one with nobody waiting allocates nothing.
 	waking map[string]int
-	woken  sync.Cond
+	wakers map[string]chan struct{}
 	// answers counts the answers that finish gives, before the callers
 	// can see them (a caller may read the counters as soon as it wakes).
 	answers *counters
@@ -48,10 +50,38 @@ func (g *group) find(key string) (*flight, error) {
 // with are all runnable, and they can join it.
 func (g *group) awaitWoken(key string) {
 	for g.waking[key] > 0 && !g.closed {
-		if g.woken.L == nil {
-			g.woken.L = &g.mu
+		ch := g.wakers[key]
+		if ch == nil {
+			if g.wakers == nil {
+				g.wakers = make(map[string]chan struct{})
+			}
+			ch = make(chan struct{})
+			g.wakers[key] = ch
 		}
-		g.woken.Wait()
+		g.mu.Unlock()
+		<-ch
+		g.mu.Lock()
+	}
+}
+
+// wakes counts one more flight of key waking its callers. Under mu.
+func (g *group) wakes(key string) {
+	if g.waking == nil {
+		g.waking = make(map[string]int)
+	}
+	g.waking[key]++
+}
+
+// woke counts one flight of key less waking its callers, and wakes those
+// who wait for the key once none is. Under mu.
+func (g *group) woke(key string) {
+	if g.waking[key]--; g.waking[key] > 0 {
+		return
+	}
+	delete(g.waking, key)
+	if ch := g.wakers[key]; ch != nil {
+		close(ch)
+		delete(g.wakers, key)
 	}
 }
 
@@ -183,25 +213,19 @@ func (g *group) settle(f *flight, a answer, onlyLooking bool) int {
 	g.drop(f)
 	held := callers > 1 && g.flights[f.key] == nil // else its callers join that one
 	if held {
-		if g.waking == nil {
-			g.waking = make(map[string]int)
-		}
-		g.waking[f.key]++
+		g.wakes(f.key)
+		defer func() { // after close(f.done), even if outcomeOf panics
+			g.mu.Lock()
+			g.woke(f.key)
+			g.mu.Unlock()
+		}()
 	}
 	g.mu.Unlock()
+	defer close(f.done) // the callers are not left waiting if outcomeOf panics
 	f.answer = a
 	if callers > 0 && g.answers != nil {
-		served, o := outcomeOf(a.served, a.err)
+		served, o := outcomeOf(a.served, a.err) // errors.Is runs the user's error's methods
 		g.answers.answers[served][o].Add(int64(callers))
-	}
-	close(f.done)
-	if held {
-		g.mu.Lock()
-		if g.waking[f.key]--; g.waking[f.key] == 0 {
-			delete(g.waking, f.key)
-		}
-		g.woken.Broadcast()
-		g.mu.Unlock()
 	}
 	return callers
 }
@@ -215,7 +239,10 @@ func (g *group) close() ([]*flight, bool) {
 		return nil, false
 	}
 	g.closed = true
-	g.woken.Broadcast() // callers waiting for a flight to wake its own: closed
+	for _, ch := range g.wakers { // callers waiting for a flight to wake its own: closed
+		close(ch)
+	}
+	g.wakers = nil
 	flights := make([]*flight, 0, len(g.flights)+len(g.detached))
 	for _, f := range g.flights {
 		flights = append(flights, f)

@@ -50,7 +50,7 @@ func TestGroup_ACallerOfAWakingKeyWaitsForTheWakeUp(t *testing.T) {
 	var g group
 	var w work
 	g.mu.Lock()
-	g.waking = map[string]int{"k": 1}
+	g.wakes("k")
 	g.mu.Unlock()
 
 	found := make(chan error, 1)
@@ -81,8 +81,7 @@ func TestGroup_ACallerOfAWakingKeyWaitsForTheWakeUp(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 	g.mu.Lock()
-	delete(g.waking, "k")
-	g.woken.Broadcast()
+	g.woke("k")
 	g.mu.Unlock()
 	select {
 	case ok := <-led:
@@ -103,10 +102,11 @@ func TestGroup_ACallerOfAWakingKeyWaitsForTheWakeUp(t *testing.T) {
 	}
 	g.finish(next, answer{})
 
-	// The end of another flight's wake-up wakes the waiting callers, who
-	// look again: here the key's own wake-up ended meanwhile, untold.
+	// A key waits for all its flights' wake-ups, and another key's ending
+	// wakes none of its callers.
 	g.mu.Lock()
-	g.waking["k"] = 1
+	g.wakes("k")
+	g.wakes("k")
 	g.mu.Unlock()
 	go func() {
 		f, err := g.find("k")
@@ -116,25 +116,33 @@ func TestGroup_ACallerOfAWakingKeyWaitsForTheWakeUp(t *testing.T) {
 		found <- err
 	}()
 	time.Sleep(50 * time.Millisecond) // let find wait (too short only makes this pass wrongly)
-	g.mu.Lock()
-	delete(g.waking, "k")
-	g.mu.Unlock()
 	j := &flight{id: "j", key: "j", done: make(chan struct{})}
 	g.lead(j, &w)
 	g.find("j")
-	g.finish(j, answer{}) // two callers: a wake-up of its own, then a broadcast
+	g.finish(j, answer{}) // two callers: a wake-up of its own
+	g.mu.Lock()
+	g.woke("k")
+	g.mu.Unlock()
+	select {
+	case err := <-found:
+		t.Fatalf("find returned (%v) while one of its key's flights was still waking its callers", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	g.mu.Lock()
+	g.woke("k")
+	g.mu.Unlock()
 	select {
 	case err := <-found:
 		if err != nil {
 			t.Errorf("find: %v", err)
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("find still waits after a wake-up ended")
+		t.Fatal("find still waits after its key's wake-ups ended")
 	}
 
 	// Close ends the wait too.
 	g.mu.Lock()
-	g.waking["k"] = 1
+	g.wakes("k")
 	g.mu.Unlock()
 	go func() {
 		_, err := g.find("k")
@@ -170,8 +178,8 @@ func TestGroup_SettleLeavesNothingWaking(t *testing.T) {
 		if n := g.finish(f, answer{val: []byte("v")}); n != callers {
 			t.Errorf("finish answered %d callers, want %d", n, callers)
 		}
-		if len(g.waking) != 0 || len(g.flights) != 0 {
-			t.Fatalf("%d callers: waking %v, flights %v after finish", callers, g.waking, g.flights)
+		if len(g.waking) != 0 || len(g.wakers) != 0 || len(g.flights) != 0 {
+			t.Fatalf("%d callers: waking %v, wakers %v, flights %v after finish", callers, g.waking, g.wakers, g.flights)
 		}
 	}
 	f := &flight{id: "k", key: "k", done: make(chan struct{})}
@@ -181,5 +189,48 @@ func TestGroup_SettleLeavesNothingWaking(t *testing.T) {
 	g.finish(f, answer{})
 	if len(g.waking) != 0 || len(g.detached) != 0 {
 		t.Errorf("detached: waking %v, detached %v after finish", g.waking, g.detached)
+	}
+}
+
+// panicky is an error whose Is method panics, as a user's might.
+type panicky struct{}
+
+func (panicky) Error() string { return "panicky" }
+func (panicky) Is(error) bool { panic("a user's Is panics") }
+
+// settle runs the user's error's methods (errors.Is, to count the answer).
+// If one panics, the panic goes on, but the callers still get their answer
+// and the key is left waking nothing.
+func TestGroup_SettleAnswersEvenIfTheErrorsIsPanics(t *testing.T) {
+	g := group{answers: &counters{}}
+	var w work
+	f := &flight{id: "k", key: "k", done: make(chan struct{})}
+	g.lead(f, &w)
+	g.find("k")
+	func() {
+		defer func() {
+			if p := recover(); p == nil {
+				t.Error("the panic did not go on")
+			}
+		}()
+		g.finish(f, answer{err: panicky{}})
+	}()
+	select {
+	case <-f.done:
+	default:
+		t.Fatal("the callers were left waiting")
+	}
+	if len(g.waking) != 0 {
+		t.Errorf("waking %v after the panic", g.waking)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := g.find("k"); done <- err }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("find: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a new caller of the key waits forever after the panic")
 	}
 }
