@@ -351,11 +351,29 @@ func TestStale_WaiterGivingUpGetsTheCopy(t *testing.T) {
 	}
 	eventually(t, 5*time.Second, "the value to expire", func() bool { return raw.Exists(bg(), "stg:k").Val() == 0 })
 	raw.Set(bg(), "stg/lock:k", "someone", 30*time.Second)
-	ctx, cancel := context.WithTimeout(bg(), 300*time.Millisecond)
+	// The caller gives up once it waits (two lookups: before and after
+	// subscribing), not on a clock that a stalled machine could run out
+	// before the flight read the copy.
+	l0 := countLookups(c.rdb, "stg:k")
+	ctx, cancel := context.WithCancel(bg())
 	defer cancel()
-	r, err := c.GetResult(ctx, "k", noFetch)
-	if err != nil || string(r.Value) != "old" || r.Served != ServedStale {
-		t.Errorf("deadline: %+v, %v; want old, stale", r, err)
+	gaveUp := make(chan Result, 1)
+	go func() {
+		r, err := c.GetResult(ctx, "k", noFetch)
+		if err != nil {
+			t.Errorf("giving up: %v; want the stale copy", err)
+		}
+		gaveUp <- r
+	}()
+	parkedAndLive(t, l0, 2)
+	cancel()
+	select {
+	case r := <-gaveUp:
+		if string(r.Value) != "old" || r.Served != ServedStale {
+			t.Errorf("giving up: %+v; want old, stale", r)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the caller that gave up got no answer within 5s")
 	}
 
 	// A holder that fails without a stale value of its own (a peer).
