@@ -22,7 +22,11 @@ var (
 	// error itself.
 	ErrHolderFailed = engine.ErrHolderFailed
 
-	// ErrFetchPanicked wraps a panic raised by a fetch function.
+	// ErrFetchPanicked wraps a panic raised by a fetch function (or a
+	// codec, or another callback). It also stands in for an error a
+	// callback returned whose methods panic, most often a nil pointer
+	// returned as an error: the error that wraps ErrFetchPanicked names its
+	// type, and does not wrap it.
 	ErrFetchPanicked = engine.ErrPanicked
 
 	// ErrRedis wraps errors talking to Redis.

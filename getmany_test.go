@@ -213,6 +213,32 @@ func TestGetMany_OneFailureFailsOnlyItsID(t *testing.T) {
 			},
 			want: map[string]string{"bad": "no value for bad", "omitted": `batch fetch returned no value for id "omitted"`},
 		},
+		{
+			name: "fetch returns an error whose methods panic",
+			fetch: func(_ context.Context, id string, _ *Lease) ([]byte, time.Duration, error) {
+				if id == "bad" {
+					return nil, 0, (*nilPointerError)(nil)
+				}
+				return []byte("v-" + id), time.Minute, nil
+			},
+			want: map[string]string{"bad": "fetch returned an error of type *memolock.nilPointerError whose methods panic"},
+		},
+		{
+			name: "batch gives one id an error whose methods panic",
+			batch: func(_ context.Context, ids []string) (map[string]BatchValue, error) {
+				res := map[string]BatchValue{}
+				for _, id := range ids {
+					res[id] = BatchValue{Value: []byte("v-" + id), TTL: time.Minute}
+				}
+				res["bad"] = BatchValue{Err: (*nilPointerError)(nil)}
+				res["omitted"] = BatchValue{Err: errors.Join(errors.New("no value"), (*nilPointerError)(nil))}
+				return res, nil
+			},
+			want: map[string]string{
+				"bad":     "batch fetch returned an error of type *memolock.nilPointerError whose methods panic",
+				"omitted": "batch fetch returned an error of type *errors.joinError whose methods panic",
+			},
+		},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -222,6 +222,13 @@ func TestGet_RawSubscriberReceivesValueAsPlainBytes(t *testing.T) {
 	}
 }
 
+// nilPointerError's methods dereference their receiver, as most do: a nil
+// *nilPointerError returned as an error panics in Error and Is.
+type nilPointerError struct{ code int }
+
+func (e *nilPointerError) Error() string        { return fmt.Sprint("code ", e.code) }
+func (e *nilPointerError) Is(target error) bool { return e.code == 1 && target == nil }
+
 func TestGet_FetchErrorReachesWaitersPromptlyAndStoresNothing(t *testing.T) {
 	cases := []struct {
 		name    string
@@ -231,6 +238,9 @@ func TestGet_FetchErrorReachesWaitersPromptlyAndStoresNothing(t *testing.T) {
 	}{
 		{"error", func() ([]byte, time.Duration, error) { return nil, 0, errors.New("database down") }, nil, "database down"},
 		{"panic", func() ([]byte, time.Duration, error) { panic("boom") }, ErrFetchPanicked, "boom"},
+		// Its methods would panic on the engine's goroutines, and kill the
+		// process, were it passed on as it is.
+		{"error whose methods panic", func() ([]byte, time.Duration, error) { return nil, 0, (*nilPointerError)(nil) }, ErrFetchPanicked, "*memolock.nilPointerError"},
 	}
 	for _, b := range backends(t) {
 		for _, tc := range cases {

@@ -362,6 +362,31 @@ func TestTyped_SetWithACodecThatPanicsIsAnError(t *testing.T) {
 	}()
 }
 
+// nilErrCodec's Unmarshal fails with a nil *nilPointerError, whose methods
+// panic: the caller gets an error it can ask errors.Is of.
+type nilErrCodec struct{}
+
+func (nilErrCodec) Marshal(v string) ([]byte, error) { return []byte(v), nil }
+func (nilErrCodec) Unmarshal([]byte) (string, error) { return "", (*nilPointerError)(nil) }
+
+func TestTyped_ACodecErrorWhoseMethodsPanicIsTamed(t *testing.T) {
+	b := miniBackend(t)
+	c := newTestClient(t, b.addr, "tnil", nil)
+	rawClient(t, b.addr).Set(bg(), c.Keys().Value("k"), "stored", time.Minute)
+	typed := Typed[string]{Client: c.Client, Codec: nilErrCodec{}}
+	_, err := typed.Get(bg(), "k", func(context.Context, *Lease) (string, time.Duration, error) { return "v", time.Minute, nil })
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Fatalf("asking the decoding error errors.Is panicked: %v", p)
+			}
+		}()
+		if !errors.Is(err, ErrFetchPanicked) || !strings.Contains(err.Error(), "*memolock.nilPointerError") {
+			t.Errorf("Get whose decoding fails with a nil pointer error = %v; want an error wrapping ErrFetchPanicked that names its type", err)
+		}
+	}()
+}
+
 // Stats.Gets counts "answers given to callers: Get and its variants", as
 // the memolock.gets counter does, and an error is an answer: a Get with a
 // done or nil context, or a Lookup of a bad id, is counted as one. A Get,

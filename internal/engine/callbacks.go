@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"runtime"
@@ -52,6 +53,41 @@ func panicError(p any) error {
 	return fmt.Errorf("%w: %v\n%s", ErrPanicked, p, debug.Stack())
 }
 
+// tame returns err, the error a callback called what returned, unless its
+// methods panic when the engine calls them: Error, and errors.Is and
+// errors.As with what the engine asks of a callback's error. Most often
+// that is a nil *T returned as an error, whose methods dereference it.
+// Such an error would panic later, on an engine goroutine where nothing
+// recovers (answering the callers, counting, or publishing the failure),
+// and kill the process; here it becomes an error wrapping ErrPanicked that
+// names its type and leaves it out of its chain, so that the caller's own
+// errors.Is cannot panic on it either. An error's methods that panic only
+// for other targets are not found.
+func tame(what string, err error) (tamed error) {
+	if err == nil {
+		return nil
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			tamed = fmt.Errorf("%w: %s returned an error of type %T whose methods panic (a nil pointer returned as an error?): %v", ErrPanicked, what, err, p)
+		}
+	}()
+	_ = err.Error()
+	for _, target := range askedOfCallbackErrors {
+		_ = errors.Is(err, target)
+	}
+	var u *unreachableError
+	_ = errors.As(err, &u)
+	return err
+}
+
+// askedOfCallbackErrors are the targets of the engine's errors.Is about a
+// callback's error, and package memolock's about the error a call returns.
+var askedOfCallbackErrors = [...]error{
+	ErrNotFound, ErrMiss, ErrPanicked, ErrClosed, ErrTimeout, ErrHolderFailed,
+	context.Canceled, context.DeadlineExceeded,
+}
+
 // invoke runs fn, a callback called what that serves flights fs (a batch
 // serves many), on a goroutine of its own, and returns a channel that
 // receives how it ended. The caller has added one to
@@ -78,7 +114,7 @@ func invoke[T any](r *runner, what string, fs []*flight, fn func() (T, error)) <
 			}
 		}()
 		v, err := fn()
-		res, ended = result[T]{val: v, err: err}, true
+		res, ended = result[T]{val: v, err: tame(what, err)}, true
 	}()
 	return out
 }
@@ -176,7 +212,8 @@ func stackGoid() int64 {
 
 // Inline runs fn, a callback that serves one caller alone (a codec's
 // Unmarshal, on the caller's goroutine): a panic becomes an error wrapping
-// ErrPanicked with the stack. A runtime.Goexit ends the caller's goroutine,
+// ErrPanicked with the stack, and so does an error whose methods panic
+// (see tame). A runtime.Goexit ends the caller's goroutine,
 // as it would without memolock: nothing of the engine's waits on it.
 func Inline(fn func() error) (err error) {
 	defer func() {
@@ -184,5 +221,5 @@ func Inline(fn func() error) (err error) {
 			err = panicError(p)
 		}
 	}()
-	return fn()
+	return tame("a codec", fn())
 }

@@ -205,6 +205,8 @@ func (col *collector) runBatch(round []*member) {
 			a = BatchValue{Err: res.err}
 		case !ok:
 			a = BatchValue{Err: fmt.Errorf("%w: batch fetch returned no value for id %s; answer every id it is given, with Err set to fail one", ErrInvalid, wire.Quote(m.id))}
+		case a.Err != nil:
+			a.Err = tame("batch fetch", a.Err) // the flight's fetch, which returns it, would tame it too, naming itself
 		}
 		m.answer <- a
 	}
