@@ -234,3 +234,55 @@ func TestGroup_SettleAnswersEvenIfTheErrorsIsPanics(t *testing.T) {
 		t.Fatal("a new caller of the key waits forever after the panic")
 	}
 }
+
+// blockingIs's Is tells asked that it runs, then waits for release: it
+// holds settle inside outcomeOf, past its first section.
+type blockingIs struct {
+	asked   chan<- struct{}
+	release <-chan struct{}
+}
+
+func (blockingIs) Error() string { return "blocking" }
+func (e blockingIs) Is(error) bool {
+	select {
+	case e.asked <- struct{}{}:
+	default:
+	}
+	<-e.release
+	return false
+}
+
+// settle gives its callers the answer (closes done) before it ends the
+// key's waking, which takes the group's lock: callers of the key arriving
+// meanwhile wait until the flight's own have their answer. With the two
+// the other way round, settle waits here for the lock the test holds, and
+// done stays open.
+func TestGroup_AKeyStaysWakingUntilItsCallersHaveTheAnswer(t *testing.T) {
+	g := group{answers: &counters{}}
+	var w work
+	f := &flight{id: "k", key: "k", done: make(chan struct{})}
+	g.lead(f, &w)
+	g.find("k") // a second caller: the flight holds its key while it wakes them
+	asked, release := make(chan struct{}, 1), make(chan struct{})
+	settled := make(chan struct{})
+	go func() {
+		defer close(settled)
+		g.finish(f, answer{err: blockingIs{asked: asked, release: release}})
+	}()
+	<-asked // settle is in outcomeOf, the key waking
+	g.mu.Lock()
+	if g.waking["k"] != 1 {
+		t.Errorf("waking %v while the flight answers its callers; want k: 1", g.waking)
+	}
+	close(release)
+	select {
+	case <-f.done:
+	case <-time.After(5 * time.Second):
+		t.Error("settle waited for the group's lock before it gave its callers the answer")
+	}
+	g.mu.Unlock()
+	<-settled
+	if len(g.waking) != 0 {
+		t.Errorf("waking %v after settle", g.waking)
+	}
+}
