@@ -228,16 +228,17 @@ func TestLease_KeepAliveHoldsAShortLockUntilStopped(t *testing.T) {
 	b := realBackend(t)
 	c := newTestClient(t, b.addr, "tl", nil)
 	other := newTestClient(t, b.addr, "tl", nil)
-	// Renewed every TTL/3: a second leaves the watchdog 600ms of
-	// scheduling delay on a loaded machine before the lock could lapse.
-	const ttl = time.Second
+	// Renewed every TTL/3: 3 s leave the watchdog 2 s of scheduling delay
+	// before the lock could lapse. With 1 s (667 ms of slack), a renewal
+	// came too late under .ci/under-load (load average 15).
+	const ttl = 3 * time.Second
 	lease, err := c.TryLock(bg(), "nightly", ttl)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := lease.KeepAlive(bg())
-	// The job runs over three TTLs; nobody else may get in meanwhile.
-	for end := time.Now().Add(3*ttl + 100*time.Millisecond); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+	// The job runs over two TTLs; nobody else may get in meanwhile.
+	for end := time.Now().Add(2*ttl + 100*time.Millisecond); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 		if l, err := other.TryLock(bg(), "nightly", time.Minute); !errors.Is(err, ErrBusy) {
 			stop()
 			t.Fatalf("TryLock during KeepAlive = %v, %v; want ErrBusy", l, err)
@@ -248,7 +249,7 @@ func TestLease_KeepAliveHoldsAShortLockUntilStopped(t *testing.T) {
 	if held, err := lease.Held(bg()); !held || err != nil {
 		t.Fatalf("after stop: Held = %v, %v; stop must not release", held, err)
 	}
-	eventually(t, 10*time.Second, "the lock to expire once the watchdog stopped", func() bool {
+	eventually(t, 15*time.Second, "the lock to expire once the watchdog stopped", func() bool {
 		_, err := other.TryLock(bg(), "nightly", time.Minute)
 		return err == nil
 	})
