@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -175,6 +176,35 @@ type idCalls struct {
 	// Unix ns.
 	staleMap     int64
 	lastStaleMap int64
+	// downErrs counts the errors that carried a CLUSTERDOWN reply (see
+	// clusterDownReply); downs counts them by their calls' spans, widened
+	// to whole faultControlBuckets, which the judge matches against the
+	// child's control GETs (see downMatched). A master that refuses
+	// every command refuses thousands of calls a second: all are kept,
+	// a few spans each.
+	downErrs int64
+	downs    map[downCall]int64
+}
+
+// downCall is the span of calls that failed with a CLUSTERDOWN reply
+// (Redis gave the reply in between): from the start of the
+// faultControlBucket each began in to the end of the one it returned in,
+// Unix ns (buckets counted from the Unix epoch).
+type downCall struct {
+	start, end int64
+}
+
+// downSpan returns the downCall of a call from start that took lat.
+func downSpan(start time.Time, lat time.Duration) downCall {
+	bucket := int64(faultControlBucket)
+	return downCall{start: start.UnixNano() / bucket * bucket, end: (start.Add(lat).UnixNano()/bucket + 1) * bucket}
+}
+
+// clusterDownReply reports whether err carries a CLUSTERDOWN reply of a
+// node (a redis.Error, wrapped or not), as engine.clusterDown does.
+func clusterDownReply(err error) bool {
+	var reply redis.Error
+	return errors.As(err, &reply) && strings.HasPrefix(reply.Error(), "CLUSTERDOWN")
 }
 
 // slowCall is a call over healthyBound: when it began (Unix ns), and how
@@ -186,7 +216,9 @@ type slowCall struct {
 
 const maxSlowCalls = 20
 
-func newIDCalls() *idCalls { return &idCalls{hist: make([]int64, len(faultLatencyBuckets)+1)} }
+func newIDCalls() *idCalls {
+	return &idCalls{hist: make([]int64, len(faultLatencyBuckets)+1), downs: map[downCall]int64{}}
+}
 
 func (c *idCalls) add(start time.Time, lat time.Duration, err error, staleMap bool) {
 	c.calls++
@@ -198,20 +230,24 @@ func (c *idCalls) add(start time.Time, lat time.Duration, err error, staleMap bo
 	}
 	b, _ := slices.BinarySearch(faultLatencyBuckets, lat)
 	c.hist[b]++
-	c.failed(start, err, staleMap)
+	c.failed(start, lat, err, staleMap)
 }
 
-// many counts an id's answer in a GetMany call.
-func (c *idCalls) many(start time.Time, err error, staleMap bool) {
+// many counts an id's answer in a GetMany call that took lat.
+func (c *idCalls) many(start time.Time, lat time.Duration, err error, staleMap bool) {
 	c.manyCalls++
-	c.failed(start, err, staleMap)
+	c.failed(start, lat, err, staleMap)
 }
 
-func (c *idCalls) failed(start time.Time, err error, staleMap bool) {
+func (c *idCalls) failed(start time.Time, lat time.Duration, err error, staleMap bool) {
 	if err == nil {
 		return
 	}
 	c.errs++
+	if clusterDownReply(err) {
+		c.downErrs++
+		c.downs[downSpan(start, lat)]++
+	}
 	if staleMap {
 		c.staleMap++
 		c.lastStaleMap = max(c.lastStaleMap, start.UnixNano())
@@ -245,6 +281,10 @@ func (c *idCalls) merge(o *idCalls) {
 		c.maxLat, c.maxAt = o.maxLat, o.maxAt
 	}
 	c.slow = append(c.slow, o.slow[:min(len(o.slow), maxSlowCalls-min(len(c.slow), maxSlowCalls))]...)
+	c.downErrs += o.downErrs
+	for dc, n := range o.downs {
+		c.downs[dc] += n
+	}
 	for i, n := range o.hist {
 		c.hist[i] += n
 	}
@@ -254,6 +294,36 @@ func (c *idCalls) merge(o *idCalls) {
 	if c.wrong == "" {
 		c.wrong = o.wrong
 	}
+}
+
+// idLine is the line a child prints for id (the calls' spans, slow or
+// CLUSTERDOWN, go on lines of their own); parseIDLine reads it back,
+// without its leading "id ".
+func idLine(id string, ic *idCalls) string {
+	hist := make([]string, len(ic.hist))
+	for i, n := range ic.hist {
+		hist[i] = strconv.FormatInt(n, 10)
+	}
+	return fmt.Sprintf("id %s %d %d %d %d %d %d %d %d %s %q %q", id, ic.calls, ic.manyCalls, ic.errs, ic.staleMap, ic.lastStaleMap, ic.downErrs, ic.maxLat, ic.maxAt, strings.Join(hist, ","), ic.firstErr, ic.wrong)
+}
+
+func parseIDLine(rest string) (string, *idCalls, error) {
+	ic := newIDCalls()
+	var id, hist string
+	if _, err := fmt.Sscanf(rest, "%s %d %d %d %d %d %d %d %d %s %q %q", &id, &ic.calls, &ic.manyCalls, &ic.errs, &ic.staleMap, &ic.lastStaleMap, &ic.downErrs, &ic.maxLat, &ic.maxAt, &hist, &ic.firstErr, &ic.wrong); err != nil {
+		return "", nil, err
+	}
+	counts := strings.Split(hist, ",")
+	if len(counts) != len(ic.hist) {
+		return "", nil, fmt.Errorf("%d latency buckets, want %d", len(counts), len(ic.hist))
+	}
+	for i, n := range counts {
+		var err error
+		if ic.hist[i], err = strconv.ParseInt(n, 10, 64); err != nil {
+			return "", nil, err
+		}
+	}
+	return id, ic, nil
 }
 
 // hotRead is the last read of one version of a hot id in a child.
@@ -483,20 +553,29 @@ const faultControlBucket = 100 * time.Millisecond
 // while (seen under a doubled load: a child's 50 ms fetches took 4 s
 // while its GETs were fast) is mostly caught in a pause, not in a GET,
 // and its calls meanwhile are as late as a GET begun then would be.
-func faultControl(rdb *redis.ClusterClient, key string, t0 int64, stop *atomic.Bool) map[int64]time.Duration {
+//
+// down records, for each bucket in which a GET began that got a
+// CLUSTERDOWN reply (clusterDownReply), the slowest such GET: the master
+// refused every client then (see startFaultCluster), which excuses
+// memolock's calls for its ids that met the same reply (downMatched).
+func faultControl(rdb *redis.ClusterClient, key string, t0 int64, stop *atomic.Bool) (slowest, down map[int64]time.Duration) {
 	const pause = 10 * time.Millisecond
-	slowest := map[int64]time.Duration{}
+	slowest, down = map[int64]time.Duration{}, map[int64]time.Duration{}
 	for !stop.Load() {
 		start := time.Now()
-		_ = rdb.Get(context.Background(), key).Err() // an error takes as long as it takes: that is the point
+		err := rdb.Get(context.Background(), key).Err() // an error takes as long as it takes: that is the point
+		took := time.Since(start)
 		b := (start.UnixNano() - t0) / int64(faultControlBucket)
-		slowest[b] = max(slowest[b], time.Since(start))
+		slowest[b] = max(slowest[b], took)
+		if clusterDownReply(err) {
+			down[b] = max(down[b], took)
+		}
 		slept := time.Now()
 		time.Sleep(pause)
 		b = (slept.UnixNano() - t0) / int64(faultControlBucket)
 		slowest[b] = max(slowest[b], time.Since(slept)-pause)
 	}
-	return slowest
+	return slowest, down
 }
 
 // runFaultChild is one process of the fault suite: once told "go" on
@@ -569,14 +648,14 @@ func runFaultChild(raw string) {
 	var wg, controlWG sync.WaitGroup
 	var controlStop atomic.Bool
 	var controlMu sync.Mutex
-	controls := map[string]map[int64]time.Duration{}
+	controls, controlDowns := map[string]map[int64]time.Duration{}, map[string]map[int64]time.Duration{}
 	for addr, key := range controlKeys {
 		controlWG.Add(1)
 		go func() {
 			defer controlWG.Done()
-			slowest := faultControl(rdb, key, t0, &controlStop)
+			slowest, down := faultControl(rdb, key, t0, &controlStop)
 			controlMu.Lock()
-			controls[addr] = slowest
+			controls[addr], controlDowns[addr] = slowest, down
 			controlMu.Unlock()
 		}()
 	}
@@ -613,11 +692,7 @@ func runFaultChild(raw string) {
 	}
 	out := bufio.NewWriter(os.Stdout)
 	for id, ic := range all.ids {
-		hist := make([]string, len(ic.hist))
-		for i, n := range ic.hist {
-			hist[i] = strconv.FormatInt(n, 10)
-		}
-		fmt.Fprintf(out, "id %s %d %d %d %d %d %d %d %s %q %q\n", id, ic.calls, ic.manyCalls, ic.errs, ic.staleMap, ic.lastStaleMap, ic.maxLat, ic.maxAt, strings.Join(hist, ","), ic.firstErr, ic.wrong)
+		fmt.Fprintln(out, idLine(id, ic))
 	}
 	for id, vs := range all.hot {
 		for v, hr := range vs {
@@ -628,10 +703,18 @@ func runFaultChild(raw string) {
 		for _, sc := range ic.slow {
 			fmt.Fprintf(out, "slow %s %d %d\n", id, sc.start, sc.lat)
 		}
+		for dc, n := range ic.downs {
+			fmt.Fprintf(out, "down %s %d %d %d\n", id, dc.start, dc.end, n)
+		}
 	}
 	for addr, slowest := range controls {
 		for b, d := range slowest {
 			fmt.Fprintf(out, "control %s %d %d\n", addr, b, d)
+		}
+	}
+	for addr, down := range controlDowns {
+		for b, d := range down {
+			fmt.Fprintf(out, "control-down %s %d %d\n", addr, b, d)
 		}
 	}
 	for _, f := range fetches {
@@ -692,7 +775,7 @@ func faultCaller(c *Client, t0 int64, g int, rec *faultRecorder, fetch func(stri
 				}
 				// A GetMany call answers when its last id does: its
 				// latency is not one id's, so only errors count here.
-				ic.many(start, items[j].Err, mapStale(items[j].Err))
+				ic.many(start, lat, items[j].Err, mapStale(items[j].Err))
 				if items[j].Err == nil && string(items[j].Value) != "v of "+id {
 					ic.wrong = string(items[j].Value)
 				}
@@ -1168,6 +1251,52 @@ type faultReport struct {
 	// slow: every call over healthyBound (up to maxSlowCalls an id and
 	// child), with its child.
 	slow []slowOf
+	// controlDowns: by child, then master address, the slowest control
+	// GET that got a CLUSTERDOWN reply, by the faultControlBucket it
+	// began in (see faultControl).
+	controlDowns map[int]map[string]map[int64]time.Duration
+	// downs: the calls that failed with a CLUSTERDOWN reply, by child, id
+	// and span (see idCalls.downs).
+	downs []downOf
+}
+
+type downOf struct {
+	child int
+	id    string
+	downCall
+	n int64 // how many calls
+}
+
+// downSlack is how far from a call that met a CLUSTERDOWN reply a control
+// GET of the same child to the id's master may have met one too for the
+// call to be excused (downMatched). A master that counted itself in a
+// minority refuses every command until it has heard from a majority for
+// its rejoin delay (cluster-node-timeout clamped to 0.5-5 s, here
+// faultNodeTimeout, 3 s): its CLUSTERDOWN replies come in runs of 3 s or
+// more, and the control GETs to it, one every 10 ms or so, meet them
+// within a second of a call that did unless the process was starved for
+// longer, when a GET in flight spans the gap (its bucket's slowest GET
+// counts). A CLUSTERDOWN from another node (a call routed to a sick one)
+// is still caught, unless the id's own master was down within a second.
+const downSlack = time.Second
+
+// downMatched reports whether a call from start to end (Unix ns), which
+// failed with a CLUSTERDOWN reply, may have met the reply that control
+// GETs of the same child to the id's master met: down holds, by the
+// faultControlBucket each began in since t0, the slowest of those GETs
+// that got a CLUSTERDOWN reply. A GET begun in bucket b was answered
+// between b's start and the next bucket's start plus its latency; the
+// call is matched if that span comes within downSlack of the call's (a
+// call's span is widened to whole buckets: downSpan).
+func downMatched(down map[int64]time.Duration, t0, start, end int64) bool {
+	begin, finish := start-t0-int64(downSlack), end-t0+int64(downSlack)
+	bucket := int64(faultControlBucket)
+	for b, lat := range down {
+		if b*bucket <= finish && (b+1)*bucket+int64(lat) >= begin {
+			return true
+		}
+	}
+	return false
 }
 
 // fetchOf is one fetch run by a child, from start to end (Unix ns).
@@ -1238,7 +1367,8 @@ func (r *faultRun) stop() *faultReport {
 	for _, k := range r.kids {
 		_, _ = io.WriteString(k.in, "stop\n")
 	}
-	rep := &faultReport{ids: map[string]*idCalls{}, fetches: map[string]int{}, fetchedBy: map[string][]fetchOf{}, controls: map[int]map[string]map[int64]time.Duration{}}
+	rep := &faultReport{ids: map[string]*idCalls{}, fetches: map[string]int{}, fetchedBy: map[string][]fetchOf{},
+		controls: map[int]map[string]map[int64]time.Duration{}, controlDowns: map[int]map[string]map[int64]time.Duration{}}
 	for p, k := range r.kids {
 		finished := false
 		for k.out.Scan() {
@@ -1246,13 +1376,9 @@ func (r *faultRun) stop() *faultReport {
 			kind, rest, _ := strings.Cut(line, " ")
 			switch kind {
 			case "id":
-				ic := newIDCalls()
-				var id, hist string
-				if _, err := fmt.Sscanf(rest, "%s %d %d %d %d %d %d %d %s %q %q", &id, &ic.calls, &ic.manyCalls, &ic.errs, &ic.staleMap, &ic.lastStaleMap, &ic.maxLat, &ic.maxAt, &hist, &ic.firstErr, &ic.wrong); err != nil {
+				id, ic, err := parseIDLine(rest)
+				if err != nil {
 					r.t.Fatalf("child line %q: %v", line, err)
-				}
-				for i, n := range strings.Split(hist, ",") {
-					ic.hist[i], _ = strconv.ParseInt(n, 10, 64)
 				}
 				if rep.ids[id] == nil {
 					rep.ids[id] = newIDCalls()
@@ -1288,6 +1414,26 @@ func (r *faultRun) stop() *faultReport {
 					rep.controls[p][addr] = map[int64]time.Duration{}
 				}
 				rep.controls[p][addr][b] = max(rep.controls[p][addr][b], d)
+			case "control-down":
+				var addr string
+				var b int64
+				var d time.Duration
+				if _, err := fmt.Sscanf(rest, "%s %d %d", &addr, &b, &d); err != nil {
+					r.t.Fatalf("child line %q: %v", line, err)
+				}
+				if rep.controlDowns[p] == nil {
+					rep.controlDowns[p] = map[string]map[int64]time.Duration{}
+				}
+				if rep.controlDowns[p][addr] == nil {
+					rep.controlDowns[p][addr] = map[int64]time.Duration{}
+				}
+				rep.controlDowns[p][addr][b] = max(rep.controlDowns[p][addr][b], d)
+			case "down":
+				dc := downOf{child: p}
+				if _, err := fmt.Sscanf(rest, "%s %d %d %d", &dc.id, &dc.start, &dc.end, &dc.n); err != nil {
+					r.t.Fatalf("child line %q: %v", line, err)
+				}
+				rep.downs = append(rep.downs, dc)
 			case "slow":
 				sc := slowOf{child: p}
 				if _, err := fmt.Sscanf(rest, "%s %d %d", &sc.id, &sc.start, &sc.lat); err != nil {
@@ -1397,8 +1543,65 @@ func (r *faultRun) check(rep *faultReport, fc faultChecks) {
 			t.Logf("%s: control GETs to %s (or a pause between them, late): slowest %v", r.names[p], addr, slowest)
 		}
 	}
+	for p, byAddr := range rep.controlDowns {
+		for addr, buckets := range byAddr {
+			if len(buckets) == 0 {
+				continue
+			}
+			first, last := int64(-1), int64(-1)
+			for b := range buckets {
+				if first < 0 || b < first {
+					first = b
+				}
+				last = max(last, b)
+			}
+			t.Logf("%s: control GETs to %s got CLUSTERDOWN in %d buckets of %v, from %.2fs to %.2fs", r.names[p], addr, len(buckets), faultControlBucket,
+				(time.Duration(first) * faultControlBucket).Seconds(), (time.Duration(last+1) * faultControlBucket).Seconds())
+		}
+	}
+	// A call for an id of a healthy master that failed with a CLUSTERDOWN
+	// reply is excused when plain GETs from the same child to that master
+	// got one too at the time (downMatched): the master, starved of its
+	// peers' pongs past the node timeout, counted itself in a minority and
+	// refused every client (see startFaultCluster). memolock's lookups do
+	// not wait that out, by design (only writes do, for clusterDownFor:
+	// internal/engine/migration.go). Any other error on a healthy master,
+	// and a CLUSTERDOWN that no control GET of that child to that master
+	// met around then (from another node, say), still fails the run. A
+	// master the fault struck or whose slots moved (fc.sick) excuses none.
+	downExcused, downsOf := map[string]int64{}, map[string]int64{} // id: its excused errors, its CLUSTERDOWN errors
+	var downExcusedSample, downUnmatched []string
+	var owners map[int64]string
+	for _, dc := range rep.downs {
+		downsOf[dc.id] += dc.n
+		if fc.class(dc.id) != onHealthy {
+			continue
+		}
+		if owners == nil {
+			owners = r.slotOwners()
+		}
+		master := owners[r.slots([]string{dc.id})[dc.id]]
+		span := fmt.Sprintf("%s: %d calls in %s between %.1fs and %.1fs met CLUSTERDOWN from %s", dc.id, dc.n, r.names[dc.child],
+			time.Duration(dc.start-r.t0.UnixNano()).Seconds(), time.Duration(dc.end-r.t0.UnixNano()).Seconds(), master)
+		if slices.Contains(fc.sick, master) || !downMatched(rep.controlDowns[dc.child][master], r.t0.UnixNano(), dc.start, dc.end) {
+			if len(downUnmatched) < 5 {
+				downUnmatched = append(downUnmatched, span)
+			}
+			continue
+		}
+		downExcused[dc.id] += dc.n
+		if len(downExcusedSample) < 5 {
+			downExcusedSample = append(downExcusedSample, span)
+		}
+	}
+	for id, ic := range rep.ids {
+		if downsOf[id] != ic.downErrs {
+			t.Errorf("%s: the children counted %d CLUSTERDOWN errors, and reported the spans of %d: the report is broken", id, ic.downErrs, downsOf[id])
+		}
+	}
 	type sum struct {
 		ids, calls, many, errs, slow, excused int64
+		downExcused                           int64 // CLUSTERDOWN errors excused
 		max                                   time.Duration
 		maxID                                 string
 		hist                                  []int64
@@ -1417,6 +1620,8 @@ func (r *faultRun) check(rep *faultReport, fc faultChecks) {
 		s.calls += ic.calls
 		s.many += ic.manyCalls
 		s.errs += ic.errs
+		excusedErrs := min(downExcused[id], ic.errs)
+		s.downExcused += excusedErrs
 		for i, n := range ic.hist {
 			s.hist[i] += n
 		}
@@ -1435,8 +1640,12 @@ func (r *faultRun) check(rep *faultReport, fc faultChecks) {
 		if class == onSick && roundOfID(id) >= fc.served {
 			staleMapAfter += ic.staleMap
 		}
-		if ic.errs > 0 && len(s.errSample) < 5 {
-			s.errSample = append(s.errSample, fmt.Sprintf("%s: %d errors, first: %s; now %s", id, ic.errs, ic.firstErr, r.peek(id)))
+		if ic.errs > excusedErrs && len(s.errSample) < 5 {
+			downs := ""
+			if ic.downErrs > 0 {
+				downs = fmt.Sprintf(" (%d CLUSTERDOWN, %d of them excused)", ic.downErrs, excusedErrs)
+			}
+			s.errSample = append(s.errSample, fmt.Sprintf("%s: %d errors%s, first: %s; now %s", id, ic.errs, downs, ic.firstErr, r.peek(id)))
 		}
 		if ic.wrong != "" {
 			t.Errorf("%s (%v): a wrong value %q", id, class, ic.wrong)
@@ -1501,9 +1710,21 @@ func (r *faultRun) check(rep *faultReport, fc faultChecks) {
 		for _, e := range s.errSample {
 			t.Logf("  %s", e)
 		}
-		failErrs := s.errs > 0 && (class != onSick || !fc.sickErrors)
+		if s.downExcused > 0 {
+			t.Logf("  %d of those errors excused: CLUSTERDOWN replies that control GETs from the same process to the id's master met within %v, e.g.:", s.downExcused, downSlack)
+			for _, e := range downExcusedSample {
+				t.Logf("    %s", e)
+			}
+		}
+		if class == onHealthy && len(downUnmatched) > 0 {
+			t.Logf("  CLUSTERDOWN errors not excused (no control GET from that process to that master met one within %v, or the master is one the fault struck), e.g.:", downSlack)
+			for _, e := range downUnmatched {
+				t.Logf("    %s", e)
+			}
+		}
+		failErrs := s.errs > s.downExcused && (class != onSick || !fc.sickErrors)
 		if failErrs {
-			t.Errorf("%d calls for ids on a %v failed; want 0", s.errs, class)
+			t.Errorf("%d calls for ids on a %v failed (not counting %d CLUSTERDOWN errors excused); want 0", s.errs-s.downExcused, class, s.downExcused)
 		}
 		if class == onHealthy && s.slow > 0 {
 			t.Errorf("%d ids on a healthy master had a call slower than %v, not excused (slowest %v: %s)", s.slow, healthyBound, s.max, s.maxID)
@@ -2210,3 +2431,84 @@ func TestReplyLog_LastSentSeesEveryReply(t *testing.T) {
 		t.Fatal("a reply read after before was taken")
 	}
 }
+
+// A call for an id of a healthy master that failed with a CLUSTERDOWN
+// reply is excused only if control GETs of the same child to that master
+// met one around then (downMatched); any other error never is.
+func TestClusterFaults_DownExcuse(t *testing.T) {
+	t0 := time.Now().UnixNano()
+	at := func(d time.Duration) time.Time { return time.Unix(0, t0+int64(d)) }
+	// As the failing run's: "memolock: redis: reading "fault:{r12-2}": CLUSTERDOWN The cluster is down".
+	clusterDown := fmt.Errorf("%w: reading %q: %w", ErrRedis, "fault:{r12-2}", faultReply("CLUSTERDOWN The cluster is down"))
+	cases := []struct {
+		name     string
+		err      error
+		start    time.Duration // since t0
+		lat      time.Duration
+		controls map[int64]time.Duration // bucket: the slowest GET that got CLUSTERDOWN
+		excused  bool
+	}{
+		{"CLUSTERDOWN, no control met one", clusterDown, 10 * time.Second, 5 * time.Millisecond, nil, false},
+		{"CLUSTERDOWN, the control met one in the same bucket", clusterDown, 10 * time.Second, 5 * time.Millisecond,
+			map[int64]time.Duration{100: time.Millisecond}, true},
+		{"CLUSTERDOWN, the control met one in the next bucket", clusterDown, 10*time.Second + 50*time.Millisecond, 5 * time.Millisecond,
+			map[int64]time.Duration{101: time.Millisecond}, true},
+		{"CLUSTERDOWN, the control met one in the bucket before", clusterDown, 10 * time.Second, 5 * time.Millisecond,
+			map[int64]time.Duration{99: time.Millisecond}, true},
+		{"CLUSTERDOWN, the control met one 0.9 s after the call", clusterDown, 10 * time.Second, 100 * time.Millisecond,
+			map[int64]time.Duration{110: time.Millisecond}, true},
+		{"CLUSTERDOWN, the control met one 2 s after the call", clusterDown, 10 * time.Second, 100 * time.Millisecond,
+			map[int64]time.Duration{121: time.Millisecond}, false},
+		{"CLUSTERDOWN, the control met one 2 s before the call", clusterDown, 10 * time.Second, 100 * time.Millisecond,
+			map[int64]time.Duration{79: time.Millisecond}, false},
+		{"CLUSTERDOWN, the control met one in a GET begun 5 s before that took 4.5 s", clusterDown, 10 * time.Second, 100 * time.Millisecond,
+			map[int64]time.Duration{50: 4500 * time.Millisecond}, true},
+		{"CLUSTERDOWN in a long call, the control met one near its end", clusterDown, 10 * time.Second, 3 * time.Second,
+			map[int64]time.Duration{130: time.Millisecond}, true},
+		{"a bare CLUSTERDOWN reply", faultReply("CLUSTERDOWN The cluster is down"), 10 * time.Second, 5 * time.Millisecond,
+			map[int64]time.Duration{100: time.Millisecond}, true},
+		{"CLUSTERDOWN in the text of an error that is no reply", fmt.Errorf("memolock: redis: CLUSTERDOWN The cluster is down"), 10 * time.Second, 5 * time.Millisecond,
+			map[int64]time.Duration{100: time.Millisecond}, false},
+		{"another reply", fmt.Errorf("%w: %w", ErrRedis, faultReply("MOVED 1 127.0.0.1:1")), 10 * time.Second, 5 * time.Millisecond,
+			map[int64]time.Duration{100: time.Millisecond}, false},
+		{"a deadline", context.DeadlineExceeded, 10 * time.Second, 5 * time.Millisecond,
+			map[int64]time.Duration{100: time.Millisecond}, false},
+		{"a closed client", ErrClosed, 10 * time.Second, 5 * time.Millisecond,
+			map[int64]time.Duration{100: time.Millisecond}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			// Two callers' calls, the second a millisecond after the
+			// first, merged as the child merges its callers'.
+			ic := newIDCalls()
+			ic.add(at(tc.start), tc.lat, tc.err, false)
+			other := newIDCalls()
+			other.many(at(tc.start+time.Millisecond), tc.lat, tc.err, false)
+			ic.merge(other)
+			// Through the child's report and the parent's parse.
+			id, parsed, err := parseIDLine(strings.TrimPrefix(idLine("r12-2", ic), "id "))
+			if err != nil || id != "r12-2" || parsed.errs != 2 || parsed.downErrs != ic.downErrs || parsed.firstErr != tc.err.Error() {
+				t.Fatalf("id line parsed as %q %+v, %v; want the calls of %+v", id, parsed, err, ic)
+			}
+			var excused, spans int64
+			for dc, n := range ic.downs {
+				spans += n
+				if downMatched(tc.controls, t0, dc.start, dc.end) {
+					excused += n
+				}
+			}
+			if spans != ic.downErrs {
+				t.Fatalf("%d CLUSTERDOWN errors counted, %d in the spans", ic.downErrs, spans)
+			}
+			if want := map[bool]int64{true: 2}[tc.excused]; excused != want {
+				t.Fatalf("%d of the 2 calls' errors excused (%d CLUSTERDOWN), want %d", excused, ic.downErrs, want)
+			}
+		})
+	}
+}
+
+// faultReply is an error reply of a node, as go-redis returns one.
+type faultReply string
+
+func (e faultReply) Error() string { return string(e) }
+func (faultReply) RedisError()     {}
