@@ -26,7 +26,9 @@ var (
 	// codec, or another callback). It also stands in for an error a
 	// callback returned whose methods panic, most often a nil pointer
 	// returned as an error: the error that wraps ErrFetchPanicked names its
-	// type, and does not wrap it.
+	// type, and does not wrap it. Such an error counts as a panic: no stale
+	// copy is served for it (StaleTTL serves one for an error), and
+	// Stats.FetchPanics counts it.
 	ErrFetchPanicked = engine.ErrPanicked
 
 	// ErrRedis wraps errors talking to Redis.

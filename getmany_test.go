@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -817,4 +818,40 @@ func BenchmarkGetMany(b *testing.B) {
 			wg.Wait()
 		})
 	})
+}
+
+// goexitError's Error ends the goroutine that asks it (a test helper's
+// error type calling t.FailNow, say).
+type goexitError struct{}
+
+func (goexitError) Error() string { runtime.Goexit(); return "" }
+
+// However a batch ends, every member gets an answer: a per-id error whose
+// Error calls runtime.Goexit fails its own id alone. It once ended the
+// loop that answers the batch's members (the error was examined there),
+// leaving the other ids and Close waiting for good.
+func TestGetMany_ABatchErrorThatEndsItsGoroutineFailsOnlyItsID(t *testing.T) {
+	b := miniBackend(t)
+	c := newTestClient(t, b.addr, "goexit", nil)
+	ctx, cancel := context.WithTimeout(bg(), 10*time.Second) // a bound for "answered at all"
+	defer cancel()
+	items, err := c.GetMany(ctx, []string{"a", "b", "c"}, nil, &ManyOptions{Batch: func(_ context.Context, ids []string) (map[string]BatchValue, error) {
+		res := map[string]BatchValue{}
+		for _, id := range ids {
+			res[id] = BatchValue{Value: []byte("v-" + id), TTL: time.Minute}
+		}
+		res["a"] = BatchValue{Err: goexitError{}}
+		return res, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, it := range items {
+		switch {
+		case it.ID == "a" && it.Err == nil:
+			t.Errorf("a: %q; want an error", it.Value)
+		case it.ID != "a" && (it.Err != nil || string(it.Value) != "v-"+it.ID):
+			t.Errorf("%s: %q, %v; want its value", it.ID, it.Value, it.Err)
+		}
+	}
 }

@@ -50,7 +50,20 @@ func goexitError(what string) error {
 // panicError is the error of a callback that panicked with p: it wraps
 // ErrPanicked and carries the stack, which a fail event leaves out.
 func panicError(p any) error {
-	return fmt.Errorf("%w: %v\n%s", ErrPanicked, p, debug.Stack())
+	return fmt.Errorf("%w: %s\n%s", ErrPanicked, describe(p), debug.Stack())
+}
+
+// describe formats p, a panic value, as %v does, unless that panics too:
+// fmt recovers a panic in an Error or String method once, but re-panics on
+// a second one inside it (an Error that panics with a value whose own
+// Error panics), and that would escape every recover of the engine's.
+func describe(p any) (s string) {
+	defer func() {
+		if recover() != nil {
+			s = fmt.Sprintf("a %T whose Error or String method panics", p)
+		}
+	}()
+	return fmt.Sprint(p)
 }
 
 // tame returns err, the error a callback called what returned, unless its
@@ -69,7 +82,7 @@ func tame(what string, err error) (tamed error) {
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			tamed = fmt.Errorf("%w: %s returned an error of type %T whose methods panic (a nil pointer returned as an error?): %v", ErrPanicked, what, err, p)
+			tamed = fmt.Errorf("%w: %s returned an error of type %T whose methods panic (a nil pointer returned as an error?): %s", ErrPanicked, what, err, describe(p))
 		}
 	}()
 	_ = err.Error()

@@ -73,3 +73,24 @@ func TestTame(t *testing.T) {
 		})
 	}
 }
+
+// bomb's Error panics with a bomb: fmt recovers the first panic, and
+// re-panics on the second, inside its own recovery.
+type bomb struct{}
+
+func (bomb) Error() string { panic(bomb{}) }
+
+// A panic value, or an error, whose Error panics while it is being
+// described, still becomes an error wrapping ErrPanicked: nothing escapes
+// to the engine's goroutines, where it would kill the process.
+func TestDescribeSurvivesAPanickingPanicValue(t *testing.T) {
+	if err := tame("fetch", bomb{}); !errors.Is(err, ErrPanicked) || !strings.Contains(err.Error(), "engine.bomb") {
+		t.Errorf("tame(bomb) = %v, want an error wrapping ErrPanicked naming engine.bomb", err)
+	}
+	if err := panicError(bomb{}); !errors.Is(err, ErrPanicked) || !strings.Contains(err.Error(), "a engine.bomb whose Error or String method panics") {
+		t.Errorf("panicError(bomb) = %v", err)
+	}
+	if got := describe("boom"); got != "boom" {
+		t.Errorf("describe(\"boom\") = %q", got)
+	}
+}

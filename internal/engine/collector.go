@@ -168,7 +168,10 @@ func (m *member) fetch(ctx context.Context, _ *wire.Lease) ([]byte, time.Duratio
 		case round := <-m.run:
 			m.col.runBatch(round)
 		case a := <-m.answer:
-			return a.Value, a.TTL, a.Err
+			// Tamed here, on this member's own callback goroutine: the
+			// error's methods are user code, and must not run in runBatch's
+			// loop, which answers the other members.
+			return a.Value, a.TTL, tame("batch fetch", a.Err)
 		}
 	}
 }
@@ -205,8 +208,6 @@ func (col *collector) runBatch(round []*member) {
 			a = BatchValue{Err: res.err}
 		case !ok:
 			a = BatchValue{Err: fmt.Errorf("%w: batch fetch returned no value for id %s; answer every id it is given, with Err set to fail one", ErrInvalid, wire.Quote(m.id))}
-		case a.Err != nil:
-			a.Err = tame("batch fetch", a.Err) // the flight's fetch, which returns it, would tame it too, naming itself
 		}
 		m.answer <- a
 	}
