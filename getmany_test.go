@@ -236,8 +236,9 @@ func TestGetMany_OneFailureFailsOnlyItsID(t *testing.T) {
 				return res, nil
 			},
 			want: map[string]string{
-				"bad":     "batch fetch returned an error of type *memolock.nilPointerError whose methods panic",
-				"omitted": "batch fetch returned an error of type *errors.joinError whose methods panic",
+				"bad": "batch fetch returned an error of type *memolock.nilPointerError whose methods panic",
+				// Named by the error that panics, not by its wrapper.
+				"omitted": "batch fetch returned an error of type *memolock.nilPointerError whose methods panic",
 			},
 		},
 	}

@@ -251,7 +251,7 @@ func (t Typed[T]) result(id string, r Result, err error) (TypedResult[T], error)
 // that panics gives an error.
 func (t Typed[T]) encode(id string, v T) ([]byte, error) {
 	var data []byte
-	err := engine.Inline(func() (err error) {
+	err := engine.Inline("the codec's Marshal", func() (err error) {
 		data, err = t.codec().Marshal(v)
 		return err
 	})
@@ -265,7 +265,7 @@ func (t Typed[T]) encode(id string, v T) ([]byte, error) {
 // that panics gives an error.
 func (t Typed[T]) decode(id string, data []byte) (T, error) {
 	var v T
-	err := engine.Inline(func() (err error) {
+	err := engine.Inline("the codec's Unmarshal", func() (err error) {
 		v, err = t.codec().Unmarshal(data)
 		return err
 	})

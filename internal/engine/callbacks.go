@@ -47,10 +47,19 @@ func goexitError(what string) error {
 	return fmt.Errorf("memolock: %s %w", what, errGoexit)
 }
 
-// panicError is the error of a callback that panicked with p: it wraps
-// ErrPanicked and carries the stack, which a fail event leaves out.
-func panicError(p any) error {
-	return fmt.Errorf("%w: %s\n%s", ErrPanicked, describe(p), debug.Stack())
+// panickedError is the error of a callback that panicked, or that
+// returned an error whose methods panic (see tame). It wraps ErrPanicked,
+// and its text names the callback: ErrPanicked's own text says "fetch",
+// which would misname a codec, start or OnWait.
+type panickedError struct{ text string }
+
+func (e *panickedError) Error() string { return e.text }
+func (e *panickedError) Unwrap() error { return ErrPanicked }
+
+// panicError is the error of a callback called what that panicked with p:
+// it carries the stack, which a fail event leaves out.
+func panicError(what string, p any) error {
+	return &panickedError{text: fmt.Sprintf("memolock: %s panicked: %s\n%s", what, describe(p), debug.Stack())}
 }
 
 // describe formats p, a panic value, as %v does, unless that panics too:
@@ -73,25 +82,82 @@ func describe(p any) (s string) {
 // Such an error would panic later, on an engine goroutine where nothing
 // recovers (answering the callers, counting, or publishing the failure),
 // and kill the process; here it becomes an error wrapping ErrPanicked that
-// names its type and leaves it out of its chain, so that the caller's own
-// errors.Is cannot panic on it either. An error's methods that panic only
-// for other targets are not found.
+// names its type (the innermost error of its tree whose own methods panic,
+// rather than a wrapper that only passes the panic on) and leaves it out of
+// its chain, so that the caller's own errors.Is cannot panic on it either.
+// An error's methods that panic only for other targets are not found.
 func tame(what string, err error) (tamed error) {
 	if err == nil {
 		return nil
 	}
+	for _, known := range askedOfCallbackErrors {
+		if err == known { // the engine's sentinels and the context package's: asking them is safe
+			return err
+		}
+	}
 	defer func() {
 		if p := recover(); p != nil {
-			tamed = fmt.Errorf("%w: %s returned an error of type %T whose methods panic (a nil pointer returned as an error?): %s", ErrPanicked, what, err, describe(p))
+			tamed = &panickedError{text: fmt.Sprintf("memolock: %s returned an error of type %s whose methods panic (a nil pointer returned as an error?): %s", what, culprit(err, 0), describe(p))}
 		}
 	}()
+	probe(err)
+	return err
+}
+
+// probe asks err what the engine and package memolock ask of a callback's
+// error: its text, and errors.Is and errors.As with their targets.
+func probe(err error) {
 	_ = err.Error()
 	for _, target := range askedOfCallbackErrors {
 		_ = errors.Is(err, target)
 	}
 	var u *unreachableError
 	_ = errors.As(err, &u)
-	return err
+}
+
+// culprit names the type of the innermost error in err's tree whose own
+// methods panic (Error, Unwrap, and Is and As with the engine's targets),
+// or err's own type if none does alone: a wrapper whose Error only calls
+// the wrapped one's is not the one to blame. It looks depth first, at most
+// culpritDepth levels down (an Unwrap may lead round in a cycle).
+func culprit(err error, depth int) string {
+	if depth < culpritDepth {
+		for _, inner := range unwrapped(err) {
+			if inner != nil && panics(func() { probe(inner) }) {
+				return culprit(inner, depth+1)
+			}
+		}
+	}
+	return fmt.Sprintf("%T", err)
+}
+
+const culpritDepth = 32
+
+// unwrapped returns what err wraps, or nothing if its Unwrap panics.
+func unwrapped(err error) (inner []error) {
+	defer func() {
+		if recover() != nil {
+			inner = nil
+		}
+	}()
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return []error{u.Unwrap()}
+	case interface{ Unwrap() []error }:
+		return u.Unwrap()
+	}
+	return nil
+}
+
+// panics reports whether fn panics.
+func panics(fn func()) (panicked bool) {
+	defer func() {
+		if recover() != nil {
+			panicked = true
+		}
+	}()
+	fn()
+	return false
 }
 
 // askedOfCallbackErrors are the targets of the engine's errors.Is about a
@@ -123,7 +189,7 @@ func invoke[T any](r *runner, what string, fs []*flight, fn func() (T, error)) <
 		}()
 		defer func() {
 			if p := recover(); p != nil {
-				res, ended = result[T]{err: panicError(p)}, true
+				res, ended = result[T]{err: panicError(what, p)}, true
 			}
 		}()
 		v, err := fn()
@@ -223,16 +289,16 @@ func stackGoid() int64 {
 	return id
 }
 
-// Inline runs fn, a callback that serves one caller alone (a codec's
-// Unmarshal, on the caller's goroutine): a panic becomes an error wrapping
-// ErrPanicked with the stack, and so does an error whose methods panic
-// (see tame). A runtime.Goexit ends the caller's goroutine,
-// as it would without memolock: nothing of the engine's waits on it.
-func Inline(fn func() error) (err error) {
+// Inline runs fn, a callback called what that serves one caller alone (a
+// codec's Unmarshal, on the caller's goroutine): a panic becomes an error
+// wrapping ErrPanicked with the stack, and so does an error whose methods
+// panic (see tame). A runtime.Goexit ends the caller's goroutine, as it
+// would without memolock: nothing of the engine's waits on it.
+func Inline(what string, fn func() error) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = panicError(p)
+			err = panicError(what, p)
 		}
 	}()
-	return tame("a codec", fn())
+	return tame(what, fn())
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -43,13 +44,28 @@ func TestTame(t *testing.T) {
 	if got := tame("fetch", wrapped); got != wrapped {
 		t.Errorf("tame(an error whose Is panics only for a target the engine never asks) = %v, want it unchanged", got)
 	}
+	// The engine's sentinels, the most common errors a callback returns
+	// (ErrNotFound for "no such id"), are known safe: no probing, and no
+	// allocation for it.
+	for _, known := range askedOfCallbackErrors {
+		if got := tame("fetch", known); got != known {
+			t.Errorf("tame(%v) = %v, want it unchanged", known, got)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = tame("fetch", ErrNotFound) }); n != 0 {
+		t.Errorf("tame(ErrNotFound) allocates %v times, want 0", n)
+	}
 	cases := []struct {
 		name string
 		err  error
 		want string
 	}{
 		{"nil pointer", (*nilPointerError)(nil), "*engine.nilPointerError"},
-		{"nil pointer, wrapped", errors.Join(plain, (*nilPointerError)(nil)), "*errors.joinError"},
+		// Wrapped, it is named rather than its wrapper, whose Error only
+		// passes the panic on.
+		{"nil pointer, joined", errors.Join(plain, (*nilPointerError)(nil)), "of type *engine.nilPointerError"},
+		{"nil pointer, wrapped twice", fmt.Errorf("outer: %w", fmt.Errorf("inner: %w", (*nilPointerError)(nil))), "of type *engine.nilPointerError"},
+		{"Unwrap panics", unwrapPanics{}, "of type engine.unwrapPanics"},
 		{"Is panics for ErrNotFound", isPanicsFor{target: ErrNotFound}, "engine.isPanicsFor"},
 		{"Is panics for context.Canceled", isPanicsFor{target: context.Canceled}, "engine.isPanicsFor"},
 		{"As panics", asPanics{}, "engine.asPanics"},
@@ -74,6 +90,31 @@ func TestTame(t *testing.T) {
 	}
 }
 
+// unwrapPanics's Unwrap panics, as a nil pointer's would.
+type unwrapPanics struct{}
+
+func (unwrapPanics) Error() string { return "unwrap panics" }
+func (unwrapPanics) Unwrap() error { panic("unwrap") }
+
+// A panic's error names the callback that panicked: ErrPanicked's own text
+// says "fetch", and a codec is not one.
+func TestPanicErrorNamesItsCallback(t *testing.T) {
+	for _, what := range []string{"fetch", "start", "OnWait", "the codec's Unmarshal"} {
+		err := panicError(what, "boom")
+		if !errors.Is(err, ErrPanicked) || !strings.HasPrefix(err.Error(), "memolock: "+what+" panicked: boom\n") {
+			t.Errorf("panicError(%q, boom) = %q, want it to wrap ErrPanicked and begin \"memolock: %s panicked: boom\"", what, err, what)
+		}
+	}
+	err := Inline("the codec's Marshal", func() error { panic("boom") })
+	if !errors.Is(err, ErrPanicked) || !strings.HasPrefix(err.Error(), "memolock: the codec's Marshal panicked: boom") {
+		t.Errorf("Inline's panic error = %q", err)
+	}
+	err = Inline("the codec's Marshal", func() error { return (*nilPointerError)(nil) })
+	if !errors.Is(err, ErrPanicked) || !strings.HasPrefix(err.Error(), "memolock: the codec's Marshal returned an error of type *engine.nilPointerError") {
+		t.Errorf("Inline's tamed error = %q", err)
+	}
+}
+
 // bomb's Error panics with a bomb: fmt recovers the first panic, and
 // re-panics on the second, inside its own recovery.
 type bomb struct{}
@@ -87,7 +128,7 @@ func TestDescribeSurvivesAPanickingPanicValue(t *testing.T) {
 	if err := tame("fetch", bomb{}); !errors.Is(err, ErrPanicked) || !strings.Contains(err.Error(), "engine.bomb") {
 		t.Errorf("tame(bomb) = %v, want an error wrapping ErrPanicked naming engine.bomb", err)
 	}
-	if err := panicError(bomb{}); !errors.Is(err, ErrPanicked) || !strings.Contains(err.Error(), "a engine.bomb whose Error or String method panics") {
+	if err := panicError("fetch", bomb{}); !errors.Is(err, ErrPanicked) || !strings.Contains(err.Error(), "a engine.bomb whose Error or String method panics") {
 		t.Errorf("panicError(bomb) = %v", err)
 	}
 	if got := describe("boom"); got != "boom" {
