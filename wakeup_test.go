@@ -41,7 +41,7 @@ import (
 // round (round-p99-vs-floor: the rounds of one iteration ran back to back).
 //
 // Most of a wake-up is the machine's: the PUBLISH reaching each process and
-// its scheduler waking (0.4-0.7 ms here, moving from round to round, alike
+// its scheduler waking (0.3-0.7 ms here, moving from round to round, alike
 // for every design). What a design adds is mostly what it costs to run its
 // 250 callers once one of them is awake, so it also reports each process's
 // own spread, from its first caller's return to its median caller's, as
