@@ -85,7 +85,8 @@ func describe(p any) (s string) {
 // names its type (the innermost error of its tree whose own methods panic,
 // rather than a wrapper that only passes the panic on) and leaves it out of
 // its chain, so that the caller's own errors.Is cannot panic on it either.
-// An error's methods that panic only for other targets are not found.
+// So does an error whose chain has no end (see maxChain). An error's
+// methods that panic only for other targets are not found.
 func tame(what string, err error) (tamed error) {
 	if err == nil {
 		return nil
@@ -100,19 +101,26 @@ func tame(what string, err error) (tamed error) {
 			tamed = &panickedError{text: fmt.Sprintf("memolock: %s returned an error of type %s whose methods panic (a nil pointer returned as an error?): %s", what, culprit(err, 0), describe(p))}
 		}
 	}()
-	probe(err)
+	if !probe(err) {
+		return &panickedError{text: fmt.Sprintf("memolock: %s returned an error of type %T whose chain of wrapped errors has no end (an Unwrap cycle?) or holds more than %d errors", what, err, maxChain)}
+	}
 	return err
 }
 
 // probe asks err what the engine and package memolock ask of a callback's
-// error: its text, and errors.Is and errors.As with their targets.
-func probe(err error) {
+// error: its text, and errors.Is and errors.As with their targets. It
+// reports false, asking no more, if err's chain has no end.
+func probe(err error) bool {
 	_ = err.Error()
+	if budget := maxChain; !chainEnds(err, &budget) {
+		return false
+	}
 	for _, target := range askedOfCallbackErrors {
 		_ = errors.Is(err, target)
 	}
 	var u *unreachableError
 	_ = errors.As(err, &u)
+	return true
 }
 
 // culprit names the type of the innermost error in err's tree whose own
@@ -158,6 +166,38 @@ func panics(fn func()) (panicked bool) {
 	}()
 	fn()
 	return false
+}
+
+// maxChain bounds the errors tame walks in a callback's error's chain
+// (Unwrap, depth first), as errors.Is and errors.As would. A chain with a
+// cycle (an error that wraps itself), or whose Unwrap makes a new error at
+// each call, has no end: errors.Is would never return, on the callback's
+// goroutine, and the engine would take the fetch for one still running,
+// keeping its lock and Close waiting for good.
+const maxChain = 1 << 16
+
+// chainEnds reports whether err's chain ends within *budget errors, which
+// it counts down.
+func chainEnds(err error, budget *int) bool {
+	for err != nil {
+		if *budget--; *budget < 0 {
+			return false
+		}
+		switch x := err.(type) {
+		case interface{ Unwrap() error }:
+			err = x.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, e := range x.Unwrap() {
+				if !chainEnds(e, budget) {
+					return false
+				}
+			}
+			return true
+		default:
+			return true
+		}
+	}
+	return true
 }
 
 // askedOfCallbackErrors are the targets of the engine's errors.Is about a

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 // nilPointerError's methods dereference their receiver, as most do: a nil
@@ -133,5 +134,52 @@ func TestDescribeSurvivesAPanickingPanicValue(t *testing.T) {
 	}
 	if got := describe("boom"); got != "boom" {
 		t.Errorf("describe(\"boom\") = %q", got)
+	}
+}
+
+// selfWrapping wraps itself; endlessChain's Unwrap makes a new error each
+// time. errors.Is on either never returns.
+type selfWrapping struct{ next error }
+
+func (e *selfWrapping) Error() string { return "self-wrapping" }
+func (e *selfWrapping) Unwrap() error { return e.next }
+
+type endlessChain struct{}
+
+func (endlessChain) Error() string   { return "endless" }
+func (endlessChain) Unwrap() []error { return []error{nil, endlessChain{}} }
+
+func TestTame_AChainWithoutAnEndIsTamedNotWalkedForEver(t *testing.T) {
+	cyc := &selfWrapping{}
+	cyc.next = cyc
+	deep := error(ErrNotFound)
+	for range maxChain - 1 {
+		deep = &selfWrapping{next: deep}
+	}
+	cases := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"Unwrap cycle", cyc, "*engine.selfWrapping"},
+		{"Unwrap cycle, joined", errors.Join(errors.New("x"), cyc), "*errors.joinError"},
+		{"Unwrap []error without end", endlessChain{}, "engine.endlessChain"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			done := make(chan error, 1)
+			go func() { done <- tame("fetch", tc.err) }()
+			select {
+			case got := <-done:
+				if !errors.Is(got, ErrPanicked) || !strings.Contains(got.Error(), tc.want) {
+					t.Errorf("tame = %v; want an error wrapping ErrPanicked naming %s", got, tc.want)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("tame did not return within 5s")
+			}
+		})
+	}
+	if got := tame("fetch", deep); got != deep {
+		t.Errorf("tame(a chain of %d errors) = %.80v; want it unchanged", maxChain, got)
 	}
 }

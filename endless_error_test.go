@@ -1,0 +1,143 @@
+package memolock
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// cyclicError wraps itself: its chain has no end. errors.Is and errors.As
+// on it never return (a wrapper that was meant to wrap the error before it,
+// and was handed itself).
+type cyclicError struct{ next error }
+
+func (e *cyclicError) Error() string { return "cyclic" }
+func (e *cyclicError) Unwrap() error { return e.next }
+
+// endlessError's Unwrap makes a new error each time: a chain without a
+// cycle, and without an end.
+type endlessError struct{ depth int }
+
+func (e *endlessError) Error() string { return "endless" }
+func (e *endlessError) Unwrap() error { return &endlessError{depth: e.depth + 1} }
+
+// unclosedClient is newTestClient without the Close in its cleanup, for a
+// test that times Close itself.
+func unclosedClient(t *testing.T, addr, tag string, opts *Options) *Client {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	c, err := newClient(rdb, tag, opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// A fetch that returned at once, with an error whose chain has no end,
+// must be answered as a failure: its callers told, its lock released, Close
+// free to return. tame's errors.Is on such an error never returns, on the
+// fetch's callback goroutine, which the engine then takes for a fetch
+// still running: the caller waits out its deadline, the watchdog renews the
+// lock for ever (so every process's waiters for the id wait for ever), and
+// Close waits for ever.
+func TestGet_FetchErrorWithoutAnEndIsAnsweredAndReleasesTheLock(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  func() error
+	}{
+		{"Unwrap cycle", func() error { e := &cyclicError{}; e.next = e; return e }},
+		{"Unwrap without end", func() error { return &endlessError{} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := miniBackend(t)
+			c := unclosedClient(t, b.addr, "cyc", &Options{LockTTL: 500 * time.Millisecond})
+			raw := rawClient(t, b.addr)
+
+			ctx, cancel := context.WithTimeout(bg(), 2*time.Second)
+			defer cancel()
+			t0 := time.Now()
+			_, err := c.Get(ctx, "k", func(context.Context, *Lease) ([]byte, time.Duration, error) {
+				return nil, 0, tc.err()
+			})
+			if d := time.Since(t0); err == nil || errors.Is(err, ErrTimeout) || d > time.Second {
+				t.Errorf("Get whose fetch failed at once = %v after %v; want the failure, at once", err, d)
+			}
+			time.Sleep(time.Second) // twice the lock's TTL
+			if n := raw.Exists(bg(), "cyc/lock:k").Val(); n != 0 {
+				t.Errorf("the lock is still held %v after the fetch returned (TTL 500ms): renewed for a fetch that had returned", time.Since(t0))
+			}
+			closed := make(chan struct{})
+			go func() { _ = c.Close(); close(closed) }()
+			select {
+			case <-closed:
+			case <-time.After(3 * time.Second):
+				t.Fatal("Close did not return within 3s")
+			}
+		})
+	}
+}
+
+// joinsItself is a multi-error (Unwrap() []error) among whose errors is
+// itself: errors.Is on it recurses until the stack overflows, a fatal
+// error that no recover catches.
+type joinsItself struct{ errs []error }
+
+func (e *joinsItself) Error() string   { return "joins itself" }
+func (e *joinsItself) Unwrap() []error { return e.errs }
+
+func TestGet_FetchErrorJoiningItselfDoesNotKillTheProcess(t *testing.T) {
+	b := miniBackend(t)
+	c := newTestClient(t, b.addr, "join", nil)
+	ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+	defer cancel()
+	_, err := c.Get(ctx, "k", func(context.Context, *Lease) ([]byte, time.Duration, error) {
+		e := &joinsItself{}
+		e.errs = []error{errors.New("first"), e}
+		return nil, 0, e
+	})
+	if !errors.Is(err, ErrFetchPanicked) {
+		t.Errorf("Get = %v; want an error wrapping ErrFetchPanicked", err)
+	}
+}
+
+// A batch's per-id error without an end fails its own id, at once, and
+// leaves the lock and Close free.
+func TestGetMany_BatchErrorWithoutAnEndFailsItsIDAtOnce(t *testing.T) {
+	b := miniBackend(t)
+	c := unclosedClient(t, b.addr, "cycb", &Options{LockTTL: 500 * time.Millisecond})
+	raw := rawClient(t, b.addr)
+	ctx, cancel := context.WithTimeout(bg(), 2*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	items, err := c.GetMany(ctx, []string{"a", "b"}, nil, &ManyOptions{Batch: func(_ context.Context, ids []string) (map[string]BatchValue, error) {
+		cyc := &cyclicError{}
+		cyc.next = cyc
+		return map[string]BatchValue{"a": {Err: cyc}, "b": {Value: []byte("v-b"), TTL: time.Minute}}, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, it := range items {
+		switch {
+		case it.ID == "a" && (it.Err == nil || errors.Is(it.Err, ErrTimeout)):
+			t.Errorf("a: %q, %v after %v; want its failure, at once", it.Value, it.Err, time.Since(t0))
+		case it.ID == "b" && (it.Err != nil || string(it.Value) != "v-b"):
+			t.Errorf("b: %q, %v; want its value", it.Value, it.Err)
+		}
+	}
+	time.Sleep(time.Second)
+	if n := raw.Exists(bg(), "cycb/lock:a").Val(); n != 0 {
+		t.Errorf("a's lock is still held %v after the batch returned (TTL 500ms)", time.Since(t0))
+	}
+	closed := make(chan struct{})
+	go func() { _ = c.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(3 * time.Second):
+		t.Fatal("Close did not return within 3s")
+	}
+}
