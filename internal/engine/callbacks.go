@@ -84,9 +84,13 @@ func describe(p any) (s string) {
 // and kill the process; here it becomes an error wrapping ErrPanicked that
 // names its type (the innermost error of its tree whose own methods panic,
 // rather than a wrapper that only passes the panic on) and leaves it out of
-// its chain, so that the caller's own errors.Is cannot panic on it either.
-// So does an error whose chain has no end (see maxChain). An error's
-// methods that panic only for other targets are not found.
+// its chain, so that the caller's own errors.Is cannot panic on it either;
+// so does an error whose chain has no end (see maxChain). What tame does
+// not find: methods that panic only for other targets (the caller's own
+// sentinels), and methods that panic, block or call runtime.Goexit only on
+// a later call. tame asks each once; the engine asks again, on goroutines
+// of its own (the fail event's message, a span's status, the counters'
+// errors.Is), and on every caller's.
 func tame(what string, err error) (tamed error) {
 	if err == nil {
 		return nil
