@@ -183,3 +183,22 @@ func TestTame_AChainWithoutAnEndIsTamedNotWalkedForEver(t *testing.T) {
 		t.Errorf("tame(a chain of %d errors) = %.80v; want it unchanged", maxChain, got)
 	}
 }
+
+// culprit probes the inner errors of one whose probing panicked: an inner
+// error whose chain has no end must be counted, not walked by errors.Is
+// for ever. errors.Join's Error asks the nil pointer, so probing the join
+// panics before its chain is walked.
+func TestTame_CulpritDoesNotWalkAnInnerChainWithoutAnEnd(t *testing.T) {
+	cyc := &selfWrapping{}
+	cyc.next = cyc
+	done := make(chan error, 1)
+	go func() { done <- tame("fetch", errors.Join(cyc, (*nilPointerError)(nil))) }()
+	select {
+	case got := <-done:
+		if !errors.Is(got, ErrPanicked) {
+			t.Errorf("tame = %v; want an error wrapping ErrPanicked", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("tame did not return within 5s")
+	}
+}
