@@ -135,3 +135,32 @@ func TestGetMany_BatchErrorWithoutAnEndFailsItsIDAtOnce(t *testing.T) {
 		t.Fatal("Close did not return within 3s")
 	}
 }
+
+// textJoinsItself is joinsItself with the Error most multi-errors have:
+// it joins its errors' texts, and so recurses until the stack overflows
+// if asked before its chain is counted.
+type textJoinsItself struct{ errs []error }
+
+func (e *textJoinsItself) Error() string {
+	s := "errors:"
+	for _, err := range e.errs {
+		s += " " + err.Error()
+	}
+	return s
+}
+func (e *textJoinsItself) Unwrap() []error { return e.errs }
+
+func TestGet_FetchErrorJoiningItselfWhoseTextJoinsItsErrorsDoesNotKillTheProcess(t *testing.T) {
+	b := miniBackend(t)
+	c := newTestClient(t, b.addr, "joint", nil)
+	ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+	defer cancel()
+	_, err := c.Get(ctx, "k", func(context.Context, *Lease) ([]byte, time.Duration, error) {
+		e := &textJoinsItself{}
+		e.errs = []error{errors.New("first"), e}
+		return nil, 0, e
+	})
+	if !errors.Is(err, ErrFetchPanicked) {
+		t.Errorf("Get = %v; want an error wrapping ErrFetchPanicked", err)
+	}
+}

@@ -113,12 +113,16 @@ func tame(what string, err error) (tamed error) {
 
 // probe asks err what the engine and package memolock ask of a callback's
 // error: its text, and errors.Is and errors.As with their targets. It
-// reports false, asking no more, if err's chain has no end.
+// reports false, asking no more, if err's chain has no end. The chain is
+// counted first: a tree of errors larger than maxChain may have a text
+// that never ends either (errors.Join's Error, over a tree whose errors
+// share their inner errors, asks each leaf once per path to it: 2^40
+// times for 40 levels, building a string that long).
 func probe(err error) bool {
-	_ = err.Error()
 	if budget := maxChain; !chainEnds(err, &budget) {
 		return false
 	}
+	_ = err.Error()
 	for _, target := range askedOfCallbackErrors {
 		_ = errors.Is(err, target)
 	}

@@ -201,4 +201,82 @@ func TestTame_CulpritDoesNotWalkAnInnerChainWithoutAnEnd(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("tame did not return within 5s")
 	}
+	// probe counts a chain before asking anything else of it, so culprit
+	// meets an inner chain without an end only if Unwrap changes its
+	// answer: here, from its third call (culprit's).
+	ch := &changingJoin{first: []error{(*nilPointerError)(nil)}, later: []error{cyc, (*nilPointerError)(nil)}}
+	go func() { done <- tame("fetch", ch) }()
+	select {
+	case got := <-done:
+		if !errors.Is(got, ErrPanicked) {
+			t.Errorf("tame = %v; want an error wrapping ErrPanicked", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("tame did not return within 5s (an Unwrap that changes its answer)")
+	}
+}
+
+// changingJoin's Unwrap returns first on its first two calls, later after.
+type changingJoin struct {
+	calls        int
+	first, later []error
+}
+
+func (e *changingJoin) Error() string { return "changing" }
+func (e *changingJoin) Unwrap() []error {
+	if e.calls++; e.calls <= 2 {
+		return e.first
+	}
+	return e.later
+}
+
+// dagNode's Error asks both of its errors, as errors.Join's does (without
+// building the text, so that only time grows): a tree of them in which
+// each node holds the one below twice has 2^depth paths to its leaf.
+type dagNode struct{ a, b error }
+
+func (n *dagNode) Error() string   { return n.a.Error() + n.b.Error()[:0] }
+func (n *dagNode) Unwrap() []error { return []error{n.a, n.b} }
+
+// An error tree far larger than maxChain is tamed before its text is
+// asked: errors.Join(e, e) 40 levels deep has a text of 2^40 lines, which
+// would run the process out of memory (a fatal error) before tame counted
+// its 2^40 errors.
+func TestTame_ATreeLargerThanMaxChainIsTamedBeforeItsTextIsAsked(t *testing.T) {
+	var e error = errors.New("x")
+	for range 40 {
+		e = &dagNode{a: e, b: e}
+	}
+	done := make(chan error, 1)
+	go func() { done <- tame("fetch", e) }()
+	select {
+	case got := <-done:
+		if !errors.Is(got, ErrPanicked) || !strings.Contains(got.Error(), "more than") {
+			t.Errorf("tame = %v; want an error wrapping ErrPanicked saying the tree holds more than maxChain errors", got)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("tame did not return within 3s: a tree of 2^40 errors was asked its text before it was counted")
+	}
+}
+
+// textJoinsItself is a multi-error, holding itself, whose Error joins its
+// errors' texts, as most multi-errors' do: asked its text before its chain
+// is counted, it recurses until the stack overflows, a fatal error.
+type textJoinsItself struct{ errs []error }
+
+func (e *textJoinsItself) Error() string {
+	s := "errors:"
+	for _, err := range e.errs {
+		s += " " + err.Error()
+	}
+	return s
+}
+func (e *textJoinsItself) Unwrap() []error { return e.errs }
+
+func TestTame_AMultiErrorHoldingItselfIsTamedBeforeItsTextIsAsked(t *testing.T) {
+	e := &textJoinsItself{}
+	e.errs = []error{errors.New("first"), e}
+	if got := tame("fetch", e); !errors.Is(got, ErrPanicked) || !strings.Contains(got.Error(), "no end") {
+		t.Errorf("tame = %v; want an error wrapping ErrPanicked saying its chain has no end", got)
+	}
 }
