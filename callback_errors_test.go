@@ -42,8 +42,10 @@ func TestCallbackErrors_MisbehavingErrorsAreAnswered(t *testing.T) {
 		defer cancel()
 		_, err := c.Get(ctx, "k", func(context.Context, *Lease) ([]byte, time.Duration, error) { return nil, 0, isGoexit{} })
 		t.Logf("Get = %v", err)
-		if err == nil || errors.Is(err, ErrTimeout) {
-			t.Errorf("Get = %v; want an error other than a time-out", err)
+		// The fetch returned; its error's Is ended the goroutine: the
+		// error is named, as one whose methods panic would be.
+		if !errors.Is(err, ErrFetchPanicked) || !strings.Contains(err.Error(), "fetch returned an error of type memolock.isGoexit whose methods call runtime.Goexit") {
+			t.Errorf("Get = %v; want an error wrapping ErrFetchPanicked that names memolock.isGoexit", err)
 		}
 		eventually(t, 5*time.Second, "the lock released", func() bool { return raw.Exists(bg(), "h1/lock:k").Val() == 0 })
 	})

@@ -227,8 +227,15 @@ func invoke[T any](r *runner, what string, fs []*flight, fn func() (T, error)) <
 		r.enter(id, fs)
 		var res result[T]
 		ended := false // fn returned or panicked; else it called runtime.Goexit
+		var returned error
+		probing := false // fn returned, and tame asks what it returned
 		defer func() {
-			if !ended {
+			switch {
+			case !ended && probing:
+				// fn returned, and the error's own methods ended the
+				// goroutine: the error is to blame, as for one that panics.
+				res = result[T]{err: &panickedError{text: fmt.Sprintf("memolock: %s returned an error of type %T whose methods call runtime.Goexit", what, returned)}}
+			case !ended:
 				res = result[T]{err: goexitError(what)} // made only then: a fetch's every return would pay for it
 			}
 			r.leave(id)
@@ -241,6 +248,7 @@ func invoke[T any](r *runner, what string, fs []*flight, fn func() (T, error)) <
 			}
 		}()
 		v, err := fn()
+		returned, probing = err, true
 		res, ended = result[T]{val: v, err: tame(what, err)}, true
 	}()
 	return out
