@@ -37,6 +37,18 @@ func unclosedClient(t *testing.T, addr, tag string, opts *Options) *Client {
 	return c
 }
 
+// closesWithin fails the test unless c.Close returns within d.
+func closesWithin(t *testing.T, c *Client, d time.Duration) {
+	t.Helper()
+	closed := make(chan struct{})
+	go func() { _ = c.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(d):
+		t.Fatalf("Close did not return within %v", d)
+	}
+}
+
 // A fetch that returned at once, with an error whose chain has no end,
 // must be answered as a failure: its callers told, its lock released, Close
 // free to return. tame's errors.Is on such an error never returns, on the
@@ -68,13 +80,7 @@ func TestGet_FetchErrorWithoutAnEndIsAnsweredAndReleasesTheLock(t *testing.T) {
 			// miniredis lets no key expire by itself: the lock goes only if
 			// it is released, not renewed for a fetch that had returned.
 			eventually(t, 5*time.Second, "the lock released", func() bool { return raw.Exists(bg(), "cyc/lock:k").Val() == 0 })
-			closed := make(chan struct{})
-			go func() { _ = c.Close(); close(closed) }()
-			select {
-			case <-closed:
-			case <-time.After(3 * time.Second):
-				t.Fatal("Close did not return within 3s")
-			}
+			closesWithin(t, c, 5*time.Second)
 		})
 	}
 }
@@ -127,13 +133,7 @@ func TestGetMany_BatchErrorWithoutAnEndFailsItsIDAtOnce(t *testing.T) {
 		}
 	}
 	eventually(t, 5*time.Second, "a's lock released", func() bool { return raw.Exists(bg(), "cycb/lock:a").Val() == 0 })
-	closed := make(chan struct{})
-	go func() { _ = c.Close(); close(closed) }()
-	select {
-	case <-closed:
-	case <-time.After(3 * time.Second):
-		t.Fatal("Close did not return within 3s")
-	}
+	closesWithin(t, c, 5*time.Second)
 }
 
 // textJoinsItself is joinsItself with the Error most multi-errors have:
