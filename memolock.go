@@ -188,7 +188,12 @@ func (c *Client) Get(ctx context.Context, id string, fetch FetchFunc) ([]byte, e
 			return val, err
 		}
 	}
-	val, _, err := c.get(ctx, id, userFetch(fetch), nil)
+	var w engine.Wait
+	val, _, err := c.get(&w, ctx, id, userFetch(fetch), nil)
+	if w.Pending() {
+		<-w.Done() // here, not in a frame below: see engine.Wait.Done
+		val, _, err = w.Answer()
+	}
 	return val, err
 }
 
@@ -207,17 +212,23 @@ func (c *Client) GetExternal(ctx context.Context, id string, start StartFunc) ([
 	if start == nil {
 		return nil, c.refused(fmt.Errorf("%w: start is nil", ErrInvalid))
 	}
-	val, _, err := c.get(ctx, id, nil, func(ctx context.Context, l *wire.Lease) error { return start(ctx, leaseOf(l)) })
+	var w engine.Wait
+	val, _, err := c.get(&w, ctx, id, nil, func(ctx context.Context, l *wire.Lease) error { return start(ctx, leaseOf(l)) })
+	if w.Pending() {
+		val, _, err = w.Wait()
+	}
 	return val, err
 }
 
-// get checks a Get's arguments and hands it to the engine.
-func (c *Client) get(ctx context.Context, id string, fetch engine.Fetcher, start engine.StartFunc) ([]byte, Served, error) {
+// get checks a Get's arguments and hands it to the engine's Join: it
+// returns the answer, or leaves w pending, and the caller waits on w in its
+// own frame (see engine.Wait.Done).
+func (c *Client) get(w *engine.Wait, ctx context.Context, id string, fetch engine.Fetcher, start engine.StartFunc) ([]byte, Served, error) {
 	key, err := c.admit(ctx, id)
 	if err != nil {
 		return nil, 0, err
 	}
-	val, served, err := c.e.Get(ctx, id, key, fetch, start)
+	val, served, err := c.e.Join(w, ctx, id, key, fetch, start)
 	return val, Served(served), err
 }
 

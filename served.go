@@ -65,7 +65,14 @@ func (c *Client) GetResult(ctx context.Context, id string, fetch FetchFunc) (Res
 		val, served, ok, err = c.cached(ctx, id)
 	}
 	if !ok {
-		val, served, err = c.get(ctx, id, userFetch(fetch), nil)
+		var w engine.Wait
+		val, served, err = c.get(&w, ctx, id, userFetch(fetch), nil)
+		if w.Pending() {
+			<-w.Done() // here, not in a frame below: see engine.Wait.Done
+			var s engine.Served
+			val, s, err = w.Answer()
+			served = Served(s)
+		}
 	}
 	switch {
 	case errors.Is(err, ErrNotFound):

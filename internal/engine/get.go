@@ -14,39 +14,90 @@ import (
 // L1, or through the flight for key, which it joins or starts. Exactly one
 // of fetch and start is set. ctx is not nil and not done.
 func (e *Engine) Get(ctx context.Context, id, key string, fetch Fetcher, start StartFunc) ([]byte, Served, error) {
+	var w Wait
+	val, served, err := e.Join(&w, ctx, id, key, fetch, start)
+	if w.Pending() {
+		return w.Wait()
+	}
+	return val, served, err
+}
+
+// A Wait is a call that joined or led a flight and waits for its answer:
+// Join hands it to its caller, whose own frame waits (see Join). The zero
+// Wait waits for nothing.
+type Wait struct {
+	f       *flight
+	observe bool // the call is timed or traced: Wait ends it with e.observe
+	e       *Engine
+	cl      callSpan
+}
+
+// Pending reports whether w has an answer to wait for.
+func (w *Wait) Pending() bool { return w.f != nil }
+
+// Wait waits for the answer of the flight that w joined, and returns it:
+// Done and Answer in one call, for callers that are not woken by the
+// thousand.
+func (w *Wait) Wait() ([]byte, Served, error) {
+	<-w.Done()
+	return w.Answer()
+}
+
+// Done is closed once w's answer is in. A caller that waits with a
+// thousand others receives from it in its own frame, and returns through
+// nothing else: each frame more was a cache line or two to fetch again
+// for each caller, and a tenth more time for a process to wake them all
+// (see BenchmarkWakeupProcesses). Done and Answer are small enough to be
+// inlined there.
+func (w *Wait) Done() <-chan struct{} { return w.f.done }
+
+// Answer returns w's answer, once Done is closed.
+func (w *Wait) Answer() ([]byte, Served, error) {
+	if w.observe {
+		w.observed()
+	}
+	return w.f.val, w.f.served, w.f.err
+}
+
+// observed ends a timed or traced call that waited.
+//
+//go:noinline
+func (w *Wait) observed() { w.e.observe(&w.cl, w.f.served, w.f.err) }
+
+// Join is Get up to the wait. It returns the answer, unless it leaves w
+// pending: the call joined or led a flight, and its context has no Done
+// channel. The caller then waits on w.Done and takes w.Answer in its own
+// frame (see Done). Join keeps the call's observation in w, which must not
+// be copied until then.
+func (e *Engine) Join(w *Wait, ctx context.Context, id, key string, fetch Fetcher, start StartFunc) ([]byte, Served, error) {
 	if e.l1 != nil {
 		if val, served, ok, err := e.Cached(id, key); ok {
 			return val, served, err
 		}
 	}
-	// A caller waits with this function's frame and those above it on its
-	// stack: they are kept small, and what only a flight's first caller
-	// does (lead) or a traced call needs is done in frames of their own,
-	// so that a waiting caller's goroutine stays within its first stack
-	// (see BenchmarkMassExpiry's B/waiter).
-	var cl callSpan
-	e.begin(&cl, ctx)
+	// What only a flight's first caller does (lead) or a traced call
+	// needs is done in frames of its own, which a waiting caller does not
+	// keep on its stack (see BenchmarkMassExpiry's B/waiter).
+	cl := &w.cl
+	e.begin(cl, ctx)
 	f, err := e.flights.find(key)
 	switch {
 	case f != nil:
-		err = e.joinFound(&cl, f)
+		err = e.joinFound(cl, f)
 	case err == nil:
-		f, err = e.lead(&cl, id, key, fetch, start)
+		f, err = e.lead(cl, id, key, fetch, start)
 	}
 	if err != nil {
 		e.stats.answered(0, err)
-		e.observe(&cl, 0, err)
+		e.observe(cl, 0, err)
 		return nil, 0, err
 	}
-	var val []byte
-	var served Served
 	if ctx.Done() == nil {
-		<-f.done // a plain receive: many callers of a hot key contend less
-		val, served, err = f.answer.val, f.answer.served, f.answer.err
-	} else {
-		val, served, err = e.awaitOrLeave(ctx, f)
+		w.f, w.observe, w.e = f, !cl.t0.IsZero() || cl.span != nil, e
+		return nil, 0, nil
 	}
-	e.observe(&cl, served, err)
+	val, served, err := e.awaitOrLeave(ctx, f)
+	e.observe(cl, served, err)
 	return val, served, err
 }
 
