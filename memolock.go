@@ -234,7 +234,7 @@ func (c *Client) get(w *engine.Wait, ctx context.Context, id string, fetch engin
 
 // admit checks a Get's client, context and id, counts a refusal, and
 // returns the id's key. It has a frame of its own, which a waiting caller
-// does not keep on its stack (see engine.Get).
+// does not keep on its stack (see engine.Join and engine.Wait.Done).
 //
 //go:noinline
 func (c *Client) admit(ctx context.Context, id string) (string, error) {

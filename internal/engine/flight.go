@@ -101,7 +101,7 @@ type batchPart interface {
 }
 
 // awaitOrLeave is await for a caller that may leave (its context has a
-// Done channel), in a frame of its own: see Get.
+// Done channel), in a frame of its own: see Join.
 //
 //go:noinline
 func (e *Engine) awaitOrLeave(ctx context.Context, f *flight) ([]byte, Served, error) {

@@ -23,11 +23,11 @@ func (e *Engine) Get(ctx context.Context, id, key string, fetch Fetcher, start S
 }
 
 // A Wait is a call that joined or led a flight and waits for its answer:
-// Join hands it to its caller, whose own frame waits (see Join). The zero
-// Wait waits for nothing.
+// Join hands it to its caller, whose own frame waits (see Join). A zero
+// Wait is not Pending; call Done, Answer and Wait only on one that is.
 type Wait struct {
 	f       *flight
-	observe bool // the call is timed or traced: Wait ends it with e.observe
+	observe bool // the call is timed or traced: Answer ends it (observed)
 	e       *Engine
 	cl      callSpan
 }
@@ -59,10 +59,14 @@ func (w *Wait) Answer() ([]byte, Served, error) {
 	return w.f.val, w.f.served, w.f.err
 }
 
-// observed ends a timed or traced call that waited.
+// observed ends a timed or traced call that waited, once: a second Answer
+// records nothing more.
 //
 //go:noinline
-func (w *Wait) observed() { w.e.observe(&w.cl, w.f.served, w.f.err) }
+func (w *Wait) observed() {
+	w.observe = false
+	w.e.observe(&w.cl, w.f.served, w.f.err)
+}
 
 // Join is Get up to the wait. It returns the answer, unless it leaves w
 // pending: the call joined or led a flight, and its context has no Done
