@@ -75,25 +75,40 @@ func describe(p any) (s string) {
 	return fmt.Sprint(p)
 }
 
-// tame returns err, the error a callback called what returned, unless its
-// methods panic when the engine calls them: Error, and errors.Is and
-// errors.As with what the engine asks of a callback's error. Most often
-// that is a nil *T returned as an error, whose methods dereference it.
-// Such an error would panic later, on an engine goroutine where nothing
-// recovers (answering the callers, counting, or publishing the failure),
-// and kill the process; here it becomes an error wrapping ErrPanicked that
-// names its type (the innermost error of its tree whose own methods panic,
-// rather than a wrapper that only passes the panic on) and leaves it out of
-// its chain, so that the caller's own errors.Is cannot panic on it either;
-// so does an error whose chain has no end (see maxChain). What tame does
-// not find: methods that panic only for other targets (the caller's own
-// sentinels), and methods that panic, block or call runtime.Goexit only on
-// a later call. tame asks each once; the engine asks again, on goroutines
-// of its own (the fail event's message, a span's status, the counters'
-// errors.Is), and on every caller's.
+// tame returns what the engine keeps of err, the error a callback called
+// what returned: a *calledError, which holds err for the callers and
+// answers the engine's own questions from what tame asked err once, here,
+// on the callback's goroutine; or err itself, if it is one of the
+// sentinels the engine asks about (nil, the engine's and the context
+// package's errors, whose methods are safe); or an error wrapping
+// ErrPanicked if err's methods panic when tame asks them: Error, and
+// errors.Is and errors.As with what the engine asks of a callback's error.
+// Most often that is a nil *T returned as an error, whose methods
+// dereference it. Such an error would panic later, on an engine goroutine
+// where nothing recovers (answering the callers, counting, or publishing
+// the failure), and kill the process; here it becomes an error wrapping
+// ErrPanicked that names its type (the innermost error of its tree whose
+// own methods panic, rather than a wrapper that only passes the panic on)
+// and leaves it out of its chain, so that the caller's own errors.Is
+// cannot panic on it either; so does an error whose chain has no end (see
+// maxChain).
+//
+// After tame, the engine never calls err's methods again: its fail
+// events, log lines, counters, spans and its own errors.Is read the
+// calledError, whose methods are the engine's. Only the callers get err
+// back (see reveal), on their own goroutines. So an error whose methods
+// panic, block, call runtime.Goexit or make a cycle only on a later call
+// harms only the caller that asks it, as it would without memolock; what
+// tame cannot find is such a misbehaviour on the first call for a target
+// it does not ask (the caller's own sentinels), which is again the
+// caller's to meet. A method that calls runtime.Goexit on its first call
+// ends the callback's goroutine, which invoke reports as the error's.
 func tame(what string, err error) (tamed error) {
 	if err == nil {
 		return nil
+	}
+	if c, ok := err.(*calledError); ok { // tamed already: a batch's error, passed on by its members' fetches
+		return c
 	}
 	for _, known := range askedOfCallbackErrors {
 		if err == known { // the engine's sentinels and the context package's: asking them is safe
@@ -105,30 +120,82 @@ func tame(what string, err error) (tamed error) {
 			tamed = &panickedError{text: fmt.Sprintf("memolock: %s returned an error of type %s whose methods panic (a nil pointer returned as an error?): %s", what, culprit(err, 0), describe(p))}
 		}
 	}()
-	if !probe(err) {
+	c, ok := probe(err)
+	if !ok {
 		return &panickedError{text: fmt.Sprintf("memolock: %s returned an error of type %T whose chain of wrapped errors has no end (an Unwrap cycle?) or holds more than %d errors", what, err, maxChain)}
 	}
-	return err
+	return c
 }
 
 // probe asks err what the engine and package memolock ask of a callback's
-// error: its text, and errors.Is and errors.As with their targets. It
-// reports false, asking no more, if err's chain has no end. The chain is
-// counted first: a tree of errors larger than maxChain may have a text
-// that never ends either (errors.Join's Error, over a tree whose errors
-// share their inner errors, asks each leaf once per path to it: 2^40
-// times for 40 levels, building a string that long).
-func probe(err error) bool {
+// error: its text, and errors.Is and errors.As with their targets, and
+// returns the answers in a calledError. It reports false, asking no more,
+// if err's chain has no end. The chain is counted first: a tree of errors
+// larger than maxChain may have a text that never ends either
+// (errors.Join's Error, over a tree whose errors share their inner errors,
+// asks each leaf once per path to it: 2^40 times for 40 levels, building a
+// string that long).
+func probe(err error) (*calledError, bool) {
 	if budget := maxChain; !chainEnds(err, &budget) {
-		return false
+		return nil, false
 	}
-	_ = err.Error()
-	for _, target := range askedOfCallbackErrors {
-		_ = errors.Is(err, target)
+	c := &calledError{err: err, text: err.Error()}
+	for i, target := range askedOfCallbackErrors {
+		if errors.Is(err, target) {
+			c.is |= 1 << i
+		}
 	}
 	var u *unreachableError
-	_ = errors.As(err, &u)
-	return true
+	if errors.As(err, &u) {
+		c.unreachable = u
+	}
+	return c, true
+}
+
+// A calledError is the engine's side of an error that a callback returned
+// (see tame): it answers what the engine asks of that error (its text,
+// errors.Is with askedOfCallbackErrors, errors.As with *unreachableError)
+// from what tame asked it once, and wraps nothing, so that no errors.Is or
+// errors.As of the engine's, even about an error of its own that wraps
+// this one, walks into the callback's error again. The callers get the
+// callback's error itself: see reveal.
+type calledError struct {
+	err         error             // the callback's error, as the callers get it
+	text        string            // err.Error()
+	is          uint16            // bit i: errors.Is(err, askedOfCallbackErrors[i])
+	unreachable *unreachableError // errors.As(err, &unreachable), or nil
+}
+
+func (c *calledError) Error() string { return c.text }
+
+// Is answers errors.Is for askedOfCallbackErrors; false for any other
+// target, which the engine does not ask about a callback's error.
+func (c *calledError) Is(target error) bool {
+	for i, known := range askedOfCallbackErrors {
+		if target == known { // known's type is comparable: == cannot panic
+			return c.is&(1<<i) != 0
+		}
+	}
+	return false
+}
+
+// As answers errors.As for a *unreachableError.
+func (c *calledError) As(target any) bool {
+	if p, ok := target.(**unreachableError); ok && c.unreachable != nil {
+		*p = c.unreachable
+		return true
+	}
+	return false
+}
+
+// reveal returns the error that a caller gets for err, an error the
+// engine answers with: the callback's own error if err is a calledError,
+// else err.
+func reveal(err error) error {
+	if c, ok := err.(*calledError); ok {
+		return c.err
+	}
+	return err
 }
 
 // culprit names the type of the innermost error in err's tree whose own
@@ -348,7 +415,7 @@ func stackGoid() int64 {
 // Inline runs fn, a callback called what that serves one caller alone (a
 // codec's Unmarshal, on the caller's goroutine): a panic becomes an error
 // wrapping ErrPanicked with the stack, and so does an error whose methods
-// panic (see tame). A runtime.Goexit ends the caller's goroutine, as it
+// panic (see tame); any other error is fn's own. A runtime.Goexit ends the caller's goroutine, as it
 // would without memolock: nothing of the engine's waits on it.
 func Inline(what string, fn func() error) (err error) {
 	defer func() {
@@ -356,5 +423,5 @@ func Inline(what string, fn func() error) (err error) {
 			err = panicError(what, p)
 		}
 	}()
-	return tame(what, fn())
+	return reveal(tame(what, fn()))
 }

@@ -22,6 +22,18 @@ func (e *Engine) Get(ctx context.Context, id, key string, fetch Fetcher, start S
 	return val, served, err
 }
 
+// get is Get for the engine's own goroutines (GetMany's workers): its
+// error is the engine's, where a calledError stands for a callback's (see
+// reveal), so that asking it runs none of the callback error's methods.
+func (e *Engine) get(ctx context.Context, id, key string, fetch Fetcher, start StartFunc) ([]byte, Served, error) {
+	w := Wait{raw: true}
+	val, served, err := e.Join(&w, ctx, id, key, fetch, start)
+	if w.Pending() {
+		return w.Wait()
+	}
+	return val, served, err
+}
+
 // A Wait is a call that joined or led a flight and waits for its answer:
 // Join hands it to its caller, whose own frame waits (see Join). A zero
 // Wait is not Pending; call Done, Answer and Wait only on one that is.
@@ -30,6 +42,8 @@ type Wait struct {
 	observe bool // the call is timed or traced: Answer ends it (observed)
 	e       *Engine
 	cl      callSpan
+	err     error // the answer's error as the caller gets it: set by answered
+	raw     bool  // the engine's own call (see Engine.get): its error is not revealed
 }
 
 // Pending reports whether w has an answer to wait for.
@@ -53,19 +67,27 @@ func (w *Wait) Done() <-chan struct{} { return w.f.done }
 
 // Answer returns w's answer, once Done is closed.
 func (w *Wait) Answer() ([]byte, Served, error) {
-	if w.observe {
-		w.observed()
+	if w.observe || w.f.err != nil {
+		w.answered()
 	}
-	return w.f.val, w.f.served, w.f.err
+	return w.f.val, w.f.served, w.err
 }
 
-// observed ends a timed or traced call that waited, once: a second Answer
-// records nothing more.
+// answered is Answer for a call that is timed or traced, or that failed:
+// it ends the observation, once (a second Answer records nothing more),
+// and sets w.err to the error that the caller gets: the callback's own, not
+// the engine's calledError (see reveal).
 //
 //go:noinline
-func (w *Wait) observed() {
-	w.observe = false
-	w.e.observe(&w.cl, w.f.served, w.f.err)
+func (w *Wait) answered() {
+	if w.observe {
+		w.observe = false
+		w.e.observe(&w.cl, w.f.served, w.f.err)
+	}
+	w.err = w.f.err
+	if !w.raw {
+		w.err = reveal(w.err)
+	}
 }
 
 // Join is Get up to the wait. It returns the answer, unless it leaves w
@@ -102,6 +124,9 @@ func (e *Engine) Join(w *Wait, ctx context.Context, id, key string, fetch Fetche
 	}
 	val, served, err := e.awaitOrLeave(ctx, f)
 	e.observe(cl, served, err)
+	if !w.raw {
+		err = reveal(err)
+	}
 	return val, served, err
 }
 

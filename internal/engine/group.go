@@ -224,7 +224,7 @@ func (g *group) settle(f *flight, a answer, onlyLooking bool) int {
 	defer close(f.done) // the callers are not left waiting if outcomeOf panics
 	f.answer = a
 	if callers > 0 && g.answers != nil {
-		served, o := outcomeOf(a.served, a.err) // errors.Is runs the user's error's methods
+		served, o := outcomeOf(a.served, a.err) // a callback's error is its calledError here (see tame)
 		g.answers.answers[served][o].Add(int64(callers))
 	}
 	return callers

@@ -48,10 +48,12 @@ func (e *Engine) GetMany(ctx context.Context, items []Item, fetchID func(id stri
 		misses.pursue(missing)
 	})
 	misses.wait()
-	for i, it := range items {
+	for i := range items {
+		it := &items[i]
 		if !counted[i] {
 			e.stats.answered(it.Served, it.Err)
 		}
+		it.Err = reveal(it.Err) // the callback's own error, for the caller
 	}
 }
 
@@ -253,7 +255,7 @@ func (ms *misses) work() {
 	defer ms.workers.Done()
 	for i := range ms.places {
 		it := &ms.items[i]
-		it.Value, it.Served, it.Err = ms.e.Get(ms.ctx, it.ID, it.Key, fetcherOf(ms.fetchID(it.ID)), nil)
+		it.Value, it.Served, it.Err = ms.e.get(ms.ctx, it.ID, it.Key, fetcherOf(ms.fetchID(it.ID)), nil) // revealed by GetMany
 		if it.Err != nil && !errors.Is(it.Err, ErrNotFound) {
 			it.Value, it.Served = nil, 0
 		}
