@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/memolock/memolock/internal/wire"
 )
 
 // nilPointerError's methods dereference their receiver, as most do: a nil
@@ -278,5 +281,75 @@ func TestTame_AMultiErrorHoldingItselfIsTamedBeforeItsTextIsAsked(t *testing.T) 
 	e.errs = []error{errors.New("first"), e}
 	if got := tame("fetch", e); !errors.Is(got, ErrPanicked) || !strings.Contains(got.Error(), "no end") {
 		t.Errorf("tame = %v; want an error wrapping ErrPanicked saying its chain has no end", got)
+	}
+}
+
+// countingError counts the calls of its methods: Error, Is, As, Unwrap.
+type countingError struct {
+	calls atomic.Int32
+	inner error
+}
+
+func (e *countingError) Error() string { e.calls.Add(1); return "counting: " + e.inner.Error() }
+func (e *countingError) Is(error) bool { e.calls.Add(1); return false }
+func (e *countingError) As(any) bool   { e.calls.Add(1); return false }
+func (e *countingError) Unwrap() error { e.calls.Add(1); return e.inner }
+
+// After tame, the engine asks a callback's error nothing: whatever it asks
+// on its own goroutines (the fail event's text, the counters' errors.Is,
+// errors.Is about an error of its own that wraps it, isOutage, errors.As)
+// is answered from what tame asked, on the callback's goroutine. The
+// callers get the error itself back.
+func TestTame_TheEngineAsksACallbacksErrorOnlyInTame(t *testing.T) {
+	u := &unreachableError{addr: "10.0.0.1:6379", cause: errors.New("dial")}
+	for _, tc := range []struct {
+		name        string
+		inner       error
+		notFound    bool
+		unreachable bool
+	}{
+		{"wrapping ErrNotFound", ErrNotFound, true, false},
+		{"wrapping an unreachableError", u, false, true},
+		{"wrapping an error of its own", errors.New("database down"), false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := &countingError{inner: tc.inner}
+			got := tame("fetch", e)
+			asked := e.calls.Load()
+			if asked == 0 {
+				t.Fatal("tame asked the error nothing")
+			}
+			if reveal(got) != error(e) {
+				t.Errorf("reveal(tame(e)) = %v; want e itself, for the callers", reveal(got))
+			}
+			if got.Error() != e.inner.Error() && got.Error() != "counting: "+e.inner.Error() {
+				t.Errorf("tame(e).Error() = %q", got.Error())
+			}
+			if errors.Is(got, ErrNotFound) != tc.notFound || errors.Is(got, ErrMiss) || errors.Is(got, ErrPanicked) {
+				t.Errorf("errors.Is of tame(e) does not answer as e would")
+			}
+			if _, o := outcomeOf(ServedComputed, got); (o == gotNotFound) != tc.notFound {
+				t.Errorf("outcomeOf(tame(e)) = %v", o)
+			}
+			var v *unreachableError
+			if errors.As(got, &v) != tc.unreachable || (tc.unreachable && v != u) {
+				t.Errorf("errors.As(tame(e), *unreachableError) = %v; want %v", v, tc.unreachable)
+			}
+			wrapped := fmt.Errorf("%w: %w", ErrTimeout, got) // an error of the engine's that wraps it
+			if !errors.Is(wrapped, ErrTimeout) || errors.Is(wrapped, context.Canceled) || errors.Is(wrapped, ErrNotFound) != tc.notFound {
+				t.Errorf("errors.Is about an error wrapping tame(e) does not answer as it would about e")
+			}
+			_ = isOutage(got)
+			_ = isOutage(wrapped)
+			if ev := wire.FailEvent("token", got); !strings.Contains(ev, "counting") {
+				t.Errorf("FailEvent = %q; want e's text", ev)
+			}
+			if n := e.calls.Load(); n != asked {
+				t.Errorf("e was asked %d more times after tame", n-asked)
+			}
+			if again := tame("batch fetch", got); again != got {
+				t.Errorf("tame(tame(e)) = %v; want tame(e) unchanged (a batch's error, passed on by its members)", again)
+			}
+		})
 	}
 }

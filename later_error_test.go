@@ -1,0 +1,217 @@
+package memolock
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// laterError is an error whose methods behave when they are first asked,
+// and misbehave when they are asked again later: on a goroutine other than
+// the ones it behaves on, which are the one that made it (a callback's,
+// where the engine asks a callback's error once, in tame) and those the
+// test adds. Every later call the engine made on a goroutine of its own
+// (the fail event's text, the counters' errors.Is, a log line) was such a
+// call, where nothing recovers: a panic there killed the process, and an
+// Unwrap cycle made errors.Is spin for ever.
+type laterError struct {
+	method string // the method that misbehaves: Error, Is, As or Unwrap
+	cycle  bool   // Unwrap misbehaves by returning the error itself, rather than by panicking
+	inner  error
+	mu     sync.Mutex
+	on     map[int64]bool // the goroutines it behaves on
+	later  []string       // the methods asked later, where it misbehaved
+}
+
+func newLaterError(method string, cycle bool) *laterError {
+	e := &laterError{method: method, cycle: cycle, inner: errors.New("inner"), on: map[int64]bool{}}
+	e.behaveOn()
+	return e
+}
+
+// behaveOn adds the calling goroutine to those e behaves on.
+func (e *laterError) behaveOn() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.on[testGoid()] = true
+}
+
+// misbehaves reports whether method, asked now, misbehaves, and records it.
+func (e *laterError) misbehaves(method string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.on[testGoid()] || method != e.method {
+		return false
+	}
+	e.later = append(e.later, method)
+	return true
+}
+
+func (e *laterError) askedLater() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]string(nil), e.later...)
+}
+
+func (e *laterError) Error() string {
+	if e.misbehaves("Error") {
+		panic("laterError.Error asked again")
+	}
+	return "later error"
+}
+
+func (e *laterError) Is(error) bool {
+	if e.misbehaves("Is") {
+		panic("laterError.Is asked again")
+	}
+	return false
+}
+
+func (e *laterError) As(any) bool {
+	if e.misbehaves("As") {
+		panic("laterError.As asked again")
+	}
+	return false
+}
+
+func (e *laterError) Unwrap() error {
+	if e.misbehaves("Unwrap") {
+		if e.cycle {
+			return e
+		}
+		panic("laterError.Unwrap asked again")
+	}
+	return e.inner
+}
+
+// testGoid returns the calling goroutine's id, read from runtime.Stack.
+func testGoid() int64 {
+	var buf [64]byte
+	b := bytes.TrimPrefix(buf[:runtime.Stack(buf[:], false)], []byte("goroutine "))
+	if i := bytes.IndexByte(b, ' '); i > 0 {
+		b = b[:i]
+	}
+	id, _ := strconv.ParseInt(string(b), 10, 64)
+	return id
+}
+
+var laterErrorCases = []struct {
+	name   string
+	method string
+	cycle  bool
+}{
+	{"Error panics", "Error", false},
+	{"Is panics", "Is", false},
+	{"As panics", "As", false},
+	{"Unwrap panics", "Unwrap", false},
+	{"Unwrap cycles", "Unwrap", true},
+}
+
+// A fetch's error whose methods misbehave only when asked again is asked
+// once, on the fetch's goroutine: its caller gets it back as it is, a
+// waiter in another process gets the failure with its text, the lock is
+// released and Close returns; the engine asks it nothing more.
+func TestGet_FetchErrorThatMisbehavesOnlyLaterIsAskedOnce(t *testing.T) {
+	for _, tc := range laterErrorCases {
+		t.Run(tc.name, func(t *testing.T) {
+			b := miniBackend(t)
+			raw := rawClient(t, b.addr)
+			opts := &Options{LockTTL: 30 * time.Second} // a lock that lapses would hide a missing fail event
+			a := unclosedClient(t, b.addr, "later", opts)
+			waiter := newEngineClient(t, b.addr, "later", opts)
+
+			var made *laterError
+			inFetch, fail := make(chan struct{}), make(chan struct{})
+			got := make(chan answer, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+				defer cancel()
+				v, err := a.Get(ctx, "k", func(context.Context, *Lease) ([]byte, time.Duration, error) {
+					close(inFetch)
+					<-fail
+					made = newLaterError(tc.method, tc.cycle)
+					return nil, 0, made
+				})
+				got <- answer{v, err}
+			}()
+			signalled(t, inFetch, 5*time.Second, "fetch to run")
+			var waiterFetches atomic.Int64
+			wait := waiter.getIn(10*time.Second, "k", mustNotRun(&waiterFetches))
+			waiter.live(t, "k")
+			close(fail)
+
+			if h, ok := await(got, 10*time.Second); !ok || h.err != error(made) {
+				t.Errorf("Get = %p (%T) (returned: %v); want the fetch's own error, %p", h.err, h.err, ok, made)
+			}
+			w, ok := await(wait, 10*time.Second)
+			if !ok || !errors.Is(w.err, ErrHolderFailed) || !strings.Contains(w.err.Error(), "later error") || waiterFetches.Load() != 0 {
+				t.Errorf("a waiter elsewhere got %q, %v (returned: %v); want ErrHolderFailed with the fetch's error's text, at once", w.val, w.err, ok)
+			}
+			eventually(t, 5*time.Second, "the lock released", func() bool { return raw.Exists(bg(), "later/lock:k").Val() == 0 })
+			closesWithin(t, a, 5*time.Second)
+			if later := made.askedLater(); len(later) > 0 {
+				t.Errorf("the fetch's error was asked %v again, after tame", later)
+			}
+		})
+	}
+}
+
+// The same for start's error (GetExternal), and for a per-id fetch's error
+// of GetMany, which its workers ask on goroutines of the engine's.
+func TestCallbackErrors_ThatMisbehaveOnlyLaterAreAskedOnce(t *testing.T) {
+	for _, tc := range laterErrorCases {
+		t.Run("GetExternal, "+tc.name, func(t *testing.T) {
+			b := miniBackend(t)
+			raw := rawClient(t, b.addr)
+			c := unclosedClient(t, b.addr, "laterx", nil)
+			ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+			defer cancel()
+			var made *laterError
+			_, err := c.GetExternal(ctx, "k", func(context.Context, *Lease) error {
+				made = newLaterError(tc.method, tc.cycle)
+				return made
+			})
+			if err != error(made) {
+				t.Errorf("GetExternal = %p (%T); want start's own error, %p", err, err, made)
+			}
+			eventually(t, 5*time.Second, "the lock released", func() bool { return raw.Exists(bg(), "laterx/lock:k").Val() == 0 })
+			closesWithin(t, c, 5*time.Second)
+			if later := made.askedLater(); len(later) > 0 {
+				t.Errorf("start's error was asked %v again, after tame", later)
+			}
+		})
+		t.Run("GetMany, "+tc.name, func(t *testing.T) {
+			b := miniBackend(t)
+			c := unclosedClient(t, b.addr, "laterm", nil)
+			ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+			defer cancel()
+			var mu sync.Mutex
+			made := map[string]*laterError{}
+			items, err := c.GetMany(ctx, []string{"a", "b"}, func(_ context.Context, id string, _ *Lease) ([]byte, time.Duration, error) {
+				e := newLaterError(tc.method, tc.cycle)
+				mu.Lock()
+				made[id] = e
+				mu.Unlock()
+				return nil, 0, e
+			}, nil)
+			if err != nil {
+				t.Fatalf("GetMany = %v", err)
+			}
+			for _, it := range items {
+				if e := made[it.ID]; e == nil || it.Err != error(e) {
+					t.Errorf("GetMany's %s: Err = %p (%T); want its fetch's own error", it.ID, it.Err, it.Err)
+				} else if later := e.askedLater(); len(later) > 0 {
+					t.Errorf("%s's fetch's error was asked %v again, after tame", it.ID, later)
+				}
+			}
+			closesWithin(t, c, 5*time.Second)
+		})
+	}
+}
