@@ -129,27 +129,73 @@ func tame(what string, err error) (tamed error) {
 
 // probe asks err what the engine and package memolock ask of a callback's
 // error: its text, and errors.Is and errors.As with their targets, and
-// returns the answers in a calledError. It reports false, asking no more,
-// if err's chain has no end. The chain is counted first: a tree of errors
-// larger than maxChain may have a text that never ends either
-// (errors.Join's Error, over a tree whose errors share their inner errors,
-// asks each leaf once per path to it: 2^40 times for 40 levels, building a
-// string that long).
+// returns the answers in a calledError. It walks err's chain itself, as
+// errors.Is and errors.As would, asking each error of it Unwrap once: an
+// Unwrap that answers otherwise when asked again (a cycle from its second
+// call on) cannot lead it round for ever, as it would lead errors.Is. It
+// reports false, asking no more, if the chain has no end. The chain is
+// walked before the text is asked: a tree of errors larger than maxChain
+// may have a text that never ends either (errors.Join's Error, over a tree
+// whose errors share their inner errors, asks each leaf once per path to
+// it: 2^40 times for 40 levels, building a string that long).
 func probe(err error) (*calledError, bool) {
-	if budget := maxChain; !chainEnds(err, &budget) {
+	c := &calledError{err: err}
+	if budget := maxChain; !c.walk(err, &budget) {
 		return nil, false
 	}
-	c := &calledError{err: err, text: err.Error()}
+	c.text = err.Error()
+	return c, true
+}
+
+// walk asks each error of err's chain (Unwrap, depth first) what ask does,
+// and reports whether the chain ends within *budget errors, which it
+// counts down.
+func (c *calledError) walk(err error, budget *int) bool {
+	for err != nil {
+		if *budget--; *budget < 0 {
+			return false
+		}
+		c.ask(err)
+		switch x := err.(type) {
+		case interface{ Unwrap() error }:
+			err = x.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, e := range x.Unwrap() {
+				if !c.walk(e, budget) {
+					return false
+				}
+			}
+			return true
+		default:
+			return true
+		}
+	}
+	return true
+}
+
+// ask asks err itself, not its chain, what errors.Is asks each error of a
+// chain (== and its Is method) about askedOfCallbackErrors, and what
+// errors.As asks it (its type, and its As method) for a *unreachableError,
+// recording the first match as errors.As would. err == target cannot
+// panic: every target's type is comparable.
+func (c *calledError) ask(err error) {
+	is, _ := err.(interface{ Is(error) bool })
 	for i, target := range askedOfCallbackErrors {
-		if errors.Is(err, target) {
+		if c.is&(1<<i) == 0 && (err == target || is != nil && is.Is(target)) {
 			c.is |= 1 << i
 		}
 	}
-	var u *unreachableError
-	if errors.As(err, &u) {
-		c.unreachable = u
+	if c.unreachableFound {
+		return
 	}
-	return c, true
+	if u, ok := err.(*unreachableError); ok {
+		c.unreachable, c.unreachableFound = u, true
+	} else if as, ok := err.(interface{ As(any) bool }); ok {
+		var u *unreachableError
+		if as.As(&u) {
+			c.unreachable, c.unreachableFound = u, true
+		}
+	}
 }
 
 // A calledError is the engine's side of an error that a callback returned
@@ -160,10 +206,11 @@ func probe(err error) (*calledError, bool) {
 // this one, walks into the callback's error again. The callers get the
 // callback's error itself: see reveal.
 type calledError struct {
-	err         error             // the callback's error, as the callers get it
-	text        string            // err.Error()
-	is          uint16            // bit i: errors.Is(err, askedOfCallbackErrors[i])
-	unreachable *unreachableError // errors.As(err, &unreachable), or nil
+	err              error             // the callback's error, as the callers get it
+	text             string            // err.Error()
+	is               uint16            // bit i: errors.Is(err, askedOfCallbackErrors[i])
+	unreachable      *unreachableError // what errors.As(err, &unreachable) sets
+	unreachableFound bool              // what errors.As(err, &unreachable) returns
 }
 
 func (c *calledError) Error() string { return c.text }
@@ -181,7 +228,7 @@ func (c *calledError) Is(target error) bool {
 
 // As answers errors.As for a *unreachableError.
 func (c *calledError) As(target any) bool {
-	if p, ok := target.(**unreachableError); ok && c.unreachable != nil {
+	if p, ok := target.(**unreachableError); ok && c.unreachableFound {
 		*p = c.unreachable
 		return true
 	}
@@ -250,30 +297,6 @@ func panics(fn func()) (panicked bool) {
 // goroutine, and the engine would take the fetch for one still running,
 // keeping its lock and Close waiting for good.
 const maxChain = 1 << 16
-
-// chainEnds reports whether err's chain ends within *budget errors, which
-// it counts down.
-func chainEnds(err error, budget *int) bool {
-	for err != nil {
-		if *budget--; *budget < 0 {
-			return false
-		}
-		switch x := err.(type) {
-		case interface{ Unwrap() error }:
-			err = x.Unwrap()
-		case interface{ Unwrap() []error }:
-			for _, e := range x.Unwrap() {
-				if !chainEnds(e, budget) {
-					return false
-				}
-			}
-			return true
-		default:
-			return true
-		}
-	}
-	return true
-}
 
 // askedOfCallbackErrors are the targets of the engine's errors.Is about a
 // callback's error, and package memolock's about the error a call returns.

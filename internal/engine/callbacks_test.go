@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -349,6 +351,94 @@ func TestTame_TheEngineAsksACallbacksErrorOnlyInTame(t *testing.T) {
 			}
 			if again := tame("batch fetch", got); again != got {
 				t.Errorf("tame(tame(e)) = %v; want tame(e) unchanged (a batch's error, passed on by its members)", again)
+			}
+		})
+	}
+}
+
+// secondCallError behaves the first time each of its methods is asked (Is
+// and As: with each target), and misbehaves from the second time on: its
+// method named bad panics, or, for Unwrap with cycle set, returns the
+// error itself, a chain without an end.
+type secondCallError struct {
+	bad   string
+	cycle bool
+	mu    sync.Mutex
+	asked map[string]int
+}
+
+func (e *secondCallError) again(call string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.asked == nil {
+		e.asked = map[string]int{}
+	}
+	e.asked[call]++
+	return e.asked[call] > 1 && strings.HasPrefix(call, e.bad)
+}
+
+func (e *secondCallError) Error() string {
+	if e.again("Error") {
+		panic("Error asked again")
+	}
+	return "second call"
+}
+
+func (e *secondCallError) Is(target error) bool {
+	if e.again(fmt.Sprintf("Is %p", target)) {
+		panic("Is asked again")
+	}
+	return false
+}
+
+func (e *secondCallError) As(target any) bool {
+	if e.again(fmt.Sprintf("As %T", target)) {
+		panic("As asked again")
+	}
+	return false
+}
+
+func (e *secondCallError) Unwrap() error {
+	if e.again("Unwrap") {
+		if e.cycle {
+			return e
+		}
+		panic("Unwrap asked again")
+	}
+	return io.EOF
+}
+
+// An error whose methods misbehave from their second call on is asked
+// each once, by tame, which takes it for a sound error: the callers get it
+// back as it is, and what the engine asks after is answered without it.
+// An Unwrap that cycles from its second call on led tame's own errors.Is
+// round for ever, on the callback's goroutine.
+func TestTame_AnErrorThatMisbehavesFromItsSecondCallIsAskedOnce(t *testing.T) {
+	for _, tc := range []struct {
+		bad   string
+		cycle bool
+	}{{"Error", false}, {"Is", false}, {"As", false}, {"Unwrap", false}, {"Unwrap", true}} {
+		t.Run(fmt.Sprintf("%s, cycle %v", tc.bad, tc.cycle), func(t *testing.T) {
+			e := &secondCallError{bad: tc.bad, cycle: tc.cycle}
+			done := make(chan error, 1)
+			go func() {
+				got := tame("fetch", e)
+				// What the engine asks on its own goroutines, after tame.
+				_ = wire.FailEvent("token", got)
+				_, _ = outcomeOf(ServedComputed, got)
+				_ = errors.Is(fmt.Errorf("%w: %w", ErrTimeout, got), context.Canceled)
+				_ = isOutage(got)
+				var u *unreachableError
+				_ = errors.As(got, &u)
+				done <- got
+			}()
+			select {
+			case got := <-done:
+				if reveal(got) != error(e) || got.Error() != "second call" {
+					t.Errorf("tame(e) = %v, revealed %v; want e, for the callers", got, reveal(got))
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("tame, or what the engine asks after it, did not return within 5s")
 			}
 		})
 	}
