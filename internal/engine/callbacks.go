@@ -84,25 +84,25 @@ func describe(p any) (s string) {
 // ErrPanicked if err's methods panic when tame asks them: Error, and
 // errors.Is and errors.As with what the engine asks of a callback's error.
 // Most often that is a nil *T returned as an error, whose methods
-// dereference it. Such an error would panic later, on an engine goroutine
-// where nothing recovers (answering the callers, counting, or publishing
-// the failure), and kill the process; here it becomes an error wrapping
-// ErrPanicked that names its type (the innermost error of its tree whose
-// own methods panic, rather than a wrapper that only passes the panic on)
-// and leaves it out of its chain, so that the caller's own errors.Is
-// cannot panic on it either; so does an error whose chain has no end (see
-// maxChain).
+// dereference it. Handed to every caller, such an error would panic in
+// their own errors.Is; here it becomes an error wrapping ErrPanicked that
+// names its type (the innermost error of its tree whose own methods panic,
+// rather than a wrapper that only passes the panic on) and leaves it out
+// of its chain, so that the caller's own errors.Is cannot panic on it
+// either; so does an error whose chain has no end (see maxChain).
 //
-// After tame, the engine never calls err's methods again: its fail
-// events, log lines, counters, spans and its own errors.Is read the
-// calledError, whose methods are the engine's. Only the callers get err
-// back (see reveal), on their own goroutines. So an error whose methods
-// panic, block, call runtime.Goexit or make a cycle only on a later call
-// harms only the caller that asks it, as it would without memolock; what
-// tame cannot find is such a misbehaviour on the first call for a target
-// it does not ask (the caller's own sentinels), which is again the
-// caller's to meet. A method that calls runtime.Goexit on its first call
-// ends the callback's goroutine, which invoke reports as the error's.
+// After tame, the engine never calls err's methods again: its fail events,
+// log lines, counters, spans and its own errors.Is and errors.As (even
+// about an error of its own that wraps it) read the calledError, whose
+// methods are the engine's. Only the callers get err back (see reveal),
+// on their own goroutines. So an error whose methods panic, block, call
+// runtime.Goexit or make a cycle only on a later call, or only for targets
+// tame does not ask (the caller's own), harms only a caller that asks it,
+// as it would without memolock. On tame's own call, on the callback's
+// goroutine: a panic is recovered as above, a runtime.Goexit ends that
+// goroutine and invoke reports the error as one whose methods do so, and
+// a method that blocks holds the fetch up, as a fetch that blocks would
+// (its time limit bounds the wait).
 func tame(what string, err error) (tamed error) {
 	if err == nil {
 		return nil
