@@ -53,7 +53,12 @@ func (e *Engine) GetMany(ctx context.Context, items []Item, fetchID func(id stri
 		if !counted[i] {
 			e.stats.answered(it.Served, it.Err)
 		}
-		it.Err = reveal(it.Err) // the callback's own error, for the caller
+		if c, ok := it.Err.(*calledError); ok {
+			// The callback's own error, for the caller. Only a failed
+			// fetch's item is written: promoteMany, which may still run,
+			// reads the items of the hits it promotes.
+			it.Err = c.err
+		}
 	}
 }
 
