@@ -224,3 +224,38 @@ func TestCallbackErrors_ThatMisbehaveOnlyLaterAreAskedOnce(t *testing.T) {
 		})
 	}
 }
+
+// GetResult (and Typed.Get, which calls it) tells "not found" from what the
+// engine asked the fetch's error once. It once asked errors.Is(err,
+// ErrNotFound) of the error itself, on the caller's goroutine: a caller
+// that never asks its fetch's error anything was killed by memolock's own
+// second asking (or, for an Unwrap that cycles when asked again, GetResult
+// never returned). helper-73's review found it.
+func TestGetResult_AsksAFetchErrorNothingAgain(t *testing.T) {
+	for _, method := range []string{"Is", "Unwrap"} {
+		t.Run(method, func(t *testing.T) {
+			b := miniBackend(t)
+			c := unclosedClient(t, b.addr, "getresult-later", nil)
+			defer closesWithin(t, c, 5*time.Second)
+			var made *laterError
+			var panicked any
+			var err error
+			func() {
+				defer func() { panicked = recover() }()
+				_, err = c.GetResult(bg(), "k", func(context.Context, *Lease) ([]byte, time.Duration, error) {
+					made = newLaterError(method, false, false)
+					return nil, 0, made
+				})
+			}()
+			if panicked != nil {
+				t.Fatalf("GetResult panicked on memolock's own errors.Is of the fetch's error: %v", panicked)
+			}
+			if err != error(made) {
+				t.Errorf("GetResult = %v; want the fetch's own error", err)
+			}
+			if later := made.askedLater(); len(later) > 0 {
+				t.Errorf("the fetch's error was asked %v again, after tame", later)
+			}
+		})
+	}
+}

@@ -64,8 +64,12 @@ func (c *Client) GetResult(ctx context.Context, id string, fetch FetchFunc) (Res
 	if c != nil && c.l1 { // a nil Client: get refuses it
 		val, served, ok, err = c.cached(ctx, id)
 	}
+	notFound := ok && errors.Is(err, ErrNotFound) // the L1's answer: an error of memolock's
 	if !ok {
 		var w engine.Wait
+		// The answer's error is asked ErrNotFound from what the engine
+		// knows of it: a fetch's error is not asked anything again.
+		w.Unrevealed()
 		val, served, err = c.get(&w, ctx, id, userFetch(fetch), nil)
 		if w.Pending() {
 			<-w.Done() // here, not in a frame below: see engine.Wait.Done
@@ -73,9 +77,10 @@ func (c *Client) GetResult(ctx context.Context, id string, fetch FetchFunc) (Res
 			val, s, err = w.Answer()
 			served = Served(s)
 		}
+		err, notFound = engine.Reveal(err)
 	}
 	switch {
-	case errors.Is(err, ErrNotFound):
+	case notFound:
 		return Result{Served: served}, err
 	case err != nil:
 		return Result{}, err

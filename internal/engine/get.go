@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -43,7 +44,23 @@ type Wait struct {
 	e       *Engine
 	cl      callSpan
 	err     error // the answer's error as the caller gets it: set by answered
-	raw     bool  // the engine's own call (see Engine.get): its error is not revealed
+	raw     bool  // the engine's own call (see Engine.get), or Unrevealed: its error is not revealed
+}
+
+// Unrevealed makes the call that w waits for answer a callback's error as
+// the engine keeps it, asking it nothing more; its caller takes it back
+// with Reveal. Call it before Join.
+func (w *Wait) Unrevealed() { w.raw = true }
+
+// Reveal returns the error that a caller gets for err, the answer of a
+// call made Unrevealed, and whether it matches ErrNotFound: for a
+// callback's error, from what tame asked it once (see calledError), so
+// that no method of it runs again, here either.
+func Reveal(err error) (error, bool) {
+	if c, ok := err.(*calledError); ok {
+		return c.err, c.Is(ErrNotFound)
+	}
+	return err, errors.Is(err, ErrNotFound)
 }
 
 // Pending reports whether w has an answer to wait for.
