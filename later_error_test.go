@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"strconv"
 	"strings"
@@ -255,6 +256,80 @@ func TestGetResult_AsksAFetchErrorNothingAgain(t *testing.T) {
 			}
 			if later := made.askedLater(); len(later) > 0 {
 				t.Errorf("the fetch's error was asked %v again, after tame", later)
+			}
+		})
+	}
+}
+
+// countingError misbehaves from the second call of method on, on any
+// goroutine: Error panics, Unwrap returns the error itself (a cycle).
+type countingError struct {
+	method string
+	calls  atomic.Int64
+	inner  error
+}
+
+func (e *countingError) Error() string {
+	if e.method == "Error" && e.calls.Add(1) > 1 {
+		panic("countingError.Error asked again")
+	}
+	return "counting error"
+}
+
+func (e *countingError) Unwrap() error {
+	if e.method == "Unwrap" && e.calls.Add(1) > 1 {
+		return e
+	}
+	return e.inner
+}
+
+type errCodec struct{ err error }
+
+func (c errCodec) Marshal(string) ([]byte, error)        { return nil, c.err }
+func (c errCodec) Unmarshal(data []byte) (string, error) { return string(data), nil }
+
+// A codec's Marshal error is tamed by Inline, which puts memolock's words
+// before it, and the fetch returns that: invoke takes it in without asking
+// the codec's error again. It was once wrapped with fmt.Errorf and tamed
+// again, and an error that misbehaves when asked again reached the caller
+// as ErrPanicked, or with a garbled text (helper-73's review).
+func TestTyped_ACodecErrorIsAskedOnce(t *testing.T) {
+	for _, method := range []string{"Error", "Unwrap"} {
+		t.Run(method, func(t *testing.T) {
+			b := miniBackend(t)
+			c := unclosedClient(t, b.addr, "codec-later", nil)
+			defer closesWithin(t, c, 5*time.Second)
+			codecErr := &countingError{method: method, inner: errors.New("inner")}
+			tc := Typed[string]{Client: c, Codec: errCodec{err: codecErr}}
+			_, err := tc.Get(bg(), "k", func(context.Context, *Lease) (string, time.Duration, error) { return "v", time.Minute, nil })
+			want := fmt.Sprintf("memolock: encoding value of id %q: counting error", "k")
+			// errors.Is with codecErr first: it matches before asking Unwrap.
+			if err == nil || !errors.Is(err, codecErr) || err.Error() != want {
+				t.Errorf("Typed.Get = %q (%T); want %q, wrapping the codec's own error", err, err, want)
+			}
+		})
+	}
+}
+
+type errDecoder struct{ err error }
+
+func (c errDecoder) Marshal(v string) ([]byte, error) { return []byte(v), nil }
+func (c errDecoder) Unmarshal([]byte) (string, error) { return "", c.err }
+
+// A codec's Unmarshal error, on the caller's goroutine, is asked once too:
+// memolock's words before it are built from what tame asked.
+func TestTyped_AnUnmarshalErrorIsAskedOnce(t *testing.T) {
+	for _, method := range []string{"Error", "Unwrap"} {
+		t.Run(method, func(t *testing.T) {
+			b := miniBackend(t)
+			c := unclosedClient(t, b.addr, "decode-later", nil)
+			defer closesWithin(t, c, 5*time.Second)
+			codecErr := &countingError{method: method, inner: errors.New("inner")}
+			tc := Typed[string]{Client: c, Codec: errDecoder{err: codecErr}}
+			_, err := tc.Get(bg(), "k", func(context.Context, *Lease) (string, time.Duration, error) { return "v", time.Minute, nil })
+			want := fmt.Sprintf("memolock: decoding value of id %q: counting error", "k")
+			if err == nil || !errors.Is(err, codecErr) || err.Error() != want {
+				t.Errorf("Typed.Get = %q (%T); want %q, wrapping the codec's own error", err, err, want)
 			}
 		})
 	}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/memolock/memolock/internal/engine"
-	"github.com/memolock/memolock/internal/wire"
 )
 
 // A Codec turns values of type T into the bytes stored in Redis and back.
@@ -251,12 +250,12 @@ func (t Typed[T]) result(id string, r Result, err error) (TypedResult[T], error)
 // that panics gives an error.
 func (t Typed[T]) encode(id string, v T) ([]byte, error) {
 	var data []byte
-	err := engine.Inline("the codec's Marshal", func() (err error) {
+	err := engine.Inline("the codec's Marshal", "encoding", id, func() (err error) {
 		data, err = t.codec().Marshal(v)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("memolock: encoding value of id %s: %w", wire.Quote(id), err)
+		return nil, err
 	}
 	return data, nil
 }
@@ -265,13 +264,13 @@ func (t Typed[T]) encode(id string, v T) ([]byte, error) {
 // that panics gives an error.
 func (t Typed[T]) decode(id string, data []byte) (T, error) {
 	var v T
-	err := engine.Inline("the codec's Unmarshal", func() (err error) {
+	err := engine.Inline("the codec's Unmarshal", "decoding", id, func() (err error) {
 		v, err = t.codec().Unmarshal(data)
 		return err
 	})
 	if err != nil {
 		var zero T
-		return zero, fmt.Errorf("memolock: decoding value of id %s: %w", wire.Quote(id), err)
+		return zero, err
 	}
 	return v, nil
 }

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/memolock/memolock/internal/wire"
+
 	goidpkg "github.com/petermattis/goid"
 )
 
@@ -109,6 +111,11 @@ func tame(what string, err error) (tamed error) {
 	}
 	if c, ok := err.(*calledError); ok { // tamed already: a batch's error, passed on by its members' fetches
 		return c
+	}
+	if a, ok := err.(*annotatedError); ok { // a codec's error, which Inline tamed, passed on by a fetch
+		c := *a.called
+		c.err, c.text = a, a.text
+		return &c
 	}
 	for _, known := range askedOfCallbackErrors {
 		if err == known { // the engine's sentinels and the context package's: asking them is safe
@@ -436,15 +443,44 @@ func stackGoid() int64 {
 }
 
 // Inline runs fn, a callback called what that serves one caller alone (a
-// codec's Unmarshal, on the caller's goroutine): a panic becomes an error
-// wrapping ErrPanicked with the stack, and so does an error whose methods
-// panic (see tame); any other error is fn's own. A runtime.Goexit ends the caller's goroutine, as it
+// codec's Marshal or Unmarshal, on its caller's goroutine), for the value
+// of id, and returns its error as "memolock: <doing> value of id <id>:
+// <the error's text>". A panic becomes an error wrapping ErrPanicked with
+// the stack, and so does an error whose methods panic (see tame); any
+// other error is fn's own, which the returned error wraps. Its text is
+// built from what tame asked fn's error once: the error is not asked
+// again, here or by the engine if the caller's fetch returns it (see
+// annotatedError). A runtime.Goexit ends the caller's goroutine, as it
 // would without memolock: nothing of the engine's waits on it.
-func Inline(what string, fn func() error) (err error) {
+func Inline(what, doing, id string, fn func() error) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = panicError(what, p)
+			err = annotate(doing, id, panicError(what, p))
 		}
 	}()
-	return reveal(tame(what, fn()))
+	return annotate(doing, id, tame(what, fn()))
 }
+
+// annotate puts memolock's words before err, an error that tame returned.
+func annotate(doing, id string, err error) error {
+	if err == nil {
+		return nil
+	}
+	prefix := "memolock: " + doing + " value of id " + wire.Quote(id)
+	if c, ok := err.(*calledError); ok {
+		return &annotatedError{text: prefix + ": " + c.text, called: c}
+	}
+	return fmt.Errorf("%s: %w", prefix, err) // memolock's own error, or a sentinel: safe to ask
+}
+
+// An annotatedError is a callback's error with memolock's words before it
+// (see Inline). Its text is built from what tame asked the callback's
+// error once, and tame takes it in without asking that error again; its
+// Unwrap gives the callback's own error, for the callers.
+type annotatedError struct {
+	text   string
+	called *calledError
+}
+
+func (a *annotatedError) Error() string { return a.text }
+func (a *annotatedError) Unwrap() error { return a.called.err }

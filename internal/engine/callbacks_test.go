@@ -111,12 +111,12 @@ func TestPanicErrorNamesItsCallback(t *testing.T) {
 			t.Errorf("panicError(%q, boom) = %q, want it to wrap ErrPanicked and begin \"memolock: %s panicked: boom\"", what, err, what)
 		}
 	}
-	err := Inline("the codec's Marshal", func() error { panic("boom") })
-	if !errors.Is(err, ErrPanicked) || !strings.HasPrefix(err.Error(), "memolock: the codec's Marshal panicked: boom") {
+	err := Inline("the codec's Marshal", "encoding", "k", func() error { panic("boom") })
+	if !errors.Is(err, ErrPanicked) || !strings.HasPrefix(err.Error(), `memolock: encoding value of id "k": memolock: the codec's Marshal panicked: boom`) {
 		t.Errorf("Inline's panic error = %q", err)
 	}
-	err = Inline("the codec's Marshal", func() error { return (*nilPointerError)(nil) })
-	if !errors.Is(err, ErrPanicked) || !strings.HasPrefix(err.Error(), "memolock: the codec's Marshal returned an error of type *engine.nilPointerError") {
+	err = Inline("the codec's Marshal", "encoding", "k", func() error { return (*nilPointerError)(nil) })
+	if !errors.Is(err, ErrPanicked) || !strings.HasPrefix(err.Error(), `memolock: encoding value of id "k": memolock: the codec's Marshal returned an error of type *engine.nilPointerError`) {
 		t.Errorf("Inline's tamed error = %q", err)
 	}
 }
