@@ -334,3 +334,77 @@ func TestTyped_AnUnmarshalErrorIsAskedOnce(t *testing.T) {
 		})
 	}
 }
+
+// A batch that fails several ids with one error value: the error is tamed
+// once, by the first member to take it, and every id gets the batch's own
+// error. Each member once tamed it again, and a member after the first got
+// ErrPanicked (or "an Unwrap cycle") rather than the batch's own error
+// (helper-73's review).
+func TestGetMany_ABatchErrorSharedByIDsIsAskedOnce(t *testing.T) {
+	for _, method := range []string{"Error", "Unwrap"} {
+		t.Run(method, func(t *testing.T) {
+			b := miniBackend(t)
+			c := unclosedClient(t, b.addr, "batch-shared", nil)
+			defer closesWithin(t, c, 5*time.Second)
+			shared := &countingError{method: method, inner: errors.New("inner")}
+			ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+			defer cancel()
+			items, err := c.GetMany(ctx, []string{"a", "b", "c"}, nil, &ManyOptions{
+				Batch: func(_ context.Context, ids []string) (map[string]BatchValue, error) {
+					out := make(map[string]BatchValue, len(ids))
+					for _, id := range ids {
+						out[id] = BatchValue{Err: shared}
+					}
+					return out, nil
+				},
+			})
+			if err != nil {
+				t.Fatalf("GetMany = %v", err)
+			}
+			for _, it := range items {
+				if it.Err != error(shared) {
+					t.Errorf("GetMany's %s: Err = %v (%T); want the batch's own error", it.ID, it.Err, it.Err)
+				}
+			}
+		})
+	}
+}
+
+type goexitPtrError struct{}
+
+func (*goexitPtrError) Error() string { runtime.Goexit(); return "" }
+
+// An error shared by several ids whose Error ends the goroutine that asks
+// it: the member that tames it ends (its id fails), and the members that
+// wait for that taming are not left waiting: they fail too, and the ids
+// with values get them.
+func TestGetMany_ASharedBatchErrorThatEndsItsGoroutineFailsItsIDs(t *testing.T) {
+	b := miniBackend(t)
+	c := unclosedClient(t, b.addr, "batch-shared-goexit", nil)
+	defer closesWithin(t, c, 5*time.Second)
+	shared := &goexitPtrError{}
+	ctx, cancel := context.WithTimeout(bg(), 10*time.Second) // a bound for "answered at all"
+	defer cancel()
+	items, err := c.GetMany(ctx, []string{"a", "b", "c"}, nil, &ManyOptions{
+		Batch: func(_ context.Context, ids []string) (map[string]BatchValue, error) {
+			out := make(map[string]BatchValue, len(ids))
+			for _, id := range ids {
+				out[id] = BatchValue{Value: []byte("v-" + id), TTL: time.Minute}
+			}
+			out["a"] = BatchValue{Err: shared}
+			out["b"] = BatchValue{Err: shared}
+			return out, nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, it := range items {
+		switch {
+		case it.ID != "c" && (it.Err == nil || it.Value != nil):
+			t.Errorf("%s: %q, %v; want an error", it.ID, it.Value, it.Err)
+		case it.ID == "c" && (it.Err != nil || string(it.Value) != "v-c"):
+			t.Errorf("c: %q, %v; want its value", it.Value, it.Err)
+		}
+	}
+}

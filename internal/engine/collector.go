@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,7 +34,7 @@ func (ms *misses) startMembers(places []int) {
 // fetches through col, and tells col what its first lookup found, so that
 // col knows which of its flights will enter fetch soon.
 func (e *Engine) startMember(ctx context.Context, it Item, col *collector) (*flight, error) {
-	m := &member{col: col, id: it.ID, run: make(chan []*member, 1), answer: make(chan BatchValue, 1)}
+	m := &member{col: col, id: it.ID, run: make(chan []*member, 1), answer: make(chan memberAnswer, 1)}
 	cl := callSpan{ctx: ctx}
 	return e.join(&cl, &flightSpec{id: it.ID, key: it.Key, kind: forMember, fetch: FetchFunc(m.fetch), member: m})
 }
@@ -63,9 +64,9 @@ type collector struct {
 type member struct {
 	col    *collector
 	id     string
-	f      *flight         // its flight, from launched on
-	run    chan []*member  // capacity 1: run the batch for these members
-	answer chan BatchValue // capacity 1: this member's answer
+	f      *flight           // its flight, from launched on
+	run    chan []*member    // capacity 1: run the batch for these members
+	answer chan memberAnswer // capacity 1: this member's answer
 
 	// Guarded by col.mu.
 	state memberState
@@ -171,7 +172,7 @@ func (m *member) fetch(ctx context.Context, _ *wire.Lease) ([]byte, time.Duratio
 			// Tamed here, on this member's own callback goroutine: the
 			// error's methods are user code, and must not run in runBatch's
 			// loop, which answers the other members.
-			return a.Value, a.TTL, tame("batch fetch", a.Err)
+			return a.Value, a.TTL, a.tames.tame(a.Err)
 		}
 	}
 }
@@ -201,6 +202,7 @@ func (col *collector) runBatch(round []*member) {
 	if col.e.flights.admit(&col.e.callbacks.pending) {
 		res = <-invoke(&col.e.callbacks, "batch fetch", flights, func() (map[string]BatchValue, error) { return col.batch(ctx, ids) })
 	}
+	tames := &sharedTames{}
 	for _, m := range round {
 		a, ok := res.val[m.id]
 		switch {
@@ -209,10 +211,57 @@ func (col *collector) runBatch(round []*member) {
 		case !ok:
 			a = BatchValue{Err: fmt.Errorf("%w: batch fetch returned no value for id %s; answer every id it is given, with Err set to fail one", ErrInvalid, wire.Quote(m.id))}
 		}
-		m.answer <- a
+		m.answer <- memberAnswer{a, tames}
 	}
 	col.mu.Lock()
 	defer col.mu.Unlock()
 	col.running = false
 	col.startLocked()
+}
+
+// memberAnswer is what a batch gives one of its members.
+type memberAnswer struct {
+	BatchValue
+	tames *sharedTames // the batch's: see sharedTames
+}
+
+// sharedTames tames the errors that one batch gives its members, each on
+// its member's own callback goroutine, and asks an error that the batch
+// gave several ids only once, as tame asks a fetch's error once: the
+// first member to take it tames it, and the others wait for that and get
+// the same answer. Errors are matched by identity only when they are
+// pointers, whose comparison asks nothing of them and cannot panic.
+type sharedTames struct {
+	mu sync.Mutex
+	m  map[error]*sharedTame
+}
+
+type sharedTame struct {
+	done chan struct{} // closed once err is set
+	err  error
+}
+
+func (s *sharedTames) tame(err error) error {
+	if err == nil || reflect.TypeOf(err).Kind() != reflect.Pointer {
+		return tame("batch fetch", err)
+	}
+	s.mu.Lock()
+	t, ok := s.m[err]
+	if !ok {
+		if s.m == nil {
+			s.m = make(map[error]*sharedTame)
+		}
+		t = &sharedTame{done: make(chan struct{})}
+		s.m[err] = t
+	}
+	s.mu.Unlock()
+	if ok {
+		<-t.done
+		return t.err
+	}
+	// If the error's methods end this goroutine, the others get this.
+	t.err = &panickedError{text: fmt.Sprintf("memolock: batch fetch returned an error of type %T whose methods call runtime.Goexit", err)}
+	defer close(t.done)
+	t.err = tame("batch fetch", err)
+	return t.err
 }
