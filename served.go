@@ -74,7 +74,7 @@ func (c *Client) GetResult(ctx context.Context, id string, fetch FetchFunc) (Res
 		if w.Pending() {
 			<-w.Done() // here, not in a frame below: see engine.Wait.Done
 			var s engine.Served
-			val, s, err = w.Answer()
+			val, s, err = w.AnswerKept()
 			served = Served(s)
 		}
 		err, notFound = engine.Reveal(err)

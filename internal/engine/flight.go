@@ -53,6 +53,7 @@ type flight struct {
 	stop context.CancelFunc // cancels ctx
 	done chan struct{}      // closed by finish, once answer is set
 	answer
+	revealed error // answer.err as the callers get it (see reveal); set with answer
 
 	// Guarded by group.mu.
 	refs     int

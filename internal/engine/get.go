@@ -30,7 +30,8 @@ func (e *Engine) get(ctx context.Context, id, key string, fetch Fetcher, start S
 	w := Wait{raw: true}
 	val, served, err := e.Join(&w, ctx, id, key, fetch, start)
 	if w.Pending() {
-		return w.Wait()
+		<-w.Done()
+		return w.AnswerKept()
 	}
 	return val, served, err
 }
@@ -41,15 +42,15 @@ func (e *Engine) get(ctx context.Context, id, key string, fetch Fetcher, start S
 type Wait struct {
 	f       *flight
 	observe bool // the call is timed or traced: Answer ends it (observed)
+	raw     bool // the engine's own call (see Engine.get), or Unrevealed: its error is not revealed
 	e       *Engine
 	cl      callSpan
-	err     error // the answer's error as the caller gets it: set by answered
-	raw     bool  // the engine's own call (see Engine.get), or Unrevealed: its error is not revealed
 }
 
 // Unrevealed makes the call that w waits for answer a callback's error as
-// the engine keeps it, asking it nothing more; its caller takes it back
-// with Reveal. Call it before Join.
+// the engine keeps it, asking it nothing more, if Join answers it; if Join
+// leaves w pending, take the answer with AnswerKept. Either way the caller
+// takes the error back with Reveal. Call it before Join.
 func (w *Wait) Unrevealed() { w.raw = true }
 
 // Reveal returns the error that a caller gets for err, the answer of a
@@ -82,29 +83,31 @@ func (w *Wait) Wait() ([]byte, Served, error) {
 // inlined there.
 func (w *Wait) Done() <-chan struct{} { return w.f.done }
 
-// Answer returns w's answer, once Done is closed.
+// Answer returns w's answer, once Done is closed, with a callback's error
+// as the callback returned it (see reveal).
 func (w *Wait) Answer() ([]byte, Served, error) {
-	if w.observe || w.f.err != nil {
-		w.answered()
+	if w.observe {
+		w.observed()
 	}
-	return w.f.val, w.f.served, w.err
+	return w.f.val, w.f.served, w.f.revealed
 }
 
-// answered is Answer for a call that is timed or traced, or that failed:
-// it ends the observation, once (a second Answer records nothing more),
-// and sets w.err to the error that the caller gets: the callback's own, not
-// the engine's calledError (see reveal).
+// AnswerKept is Answer for a call made Unrevealed, or the engine's own:
+// a callback's error comes as the engine keeps it, for Reveal.
+func (w *Wait) AnswerKept() ([]byte, Served, error) {
+	if w.observe {
+		w.observed()
+	}
+	return w.f.val, w.f.served, w.f.err
+}
+
+// observed ends a timed or traced call that waited, once: a second Answer
+// records nothing more.
 //
 //go:noinline
-func (w *Wait) answered() {
-	if w.observe {
-		w.observe = false
-		w.e.observe(&w.cl, w.f.served, w.f.err)
-	}
-	w.err = w.f.err
-	if !w.raw {
-		w.err = reveal(w.err)
-	}
+func (w *Wait) observed() {
+	w.observe = false
+	w.e.observe(&w.cl, w.f.served, w.f.err)
 }
 
 // Join is Get up to the wait. It returns the answer, unless it leaves w
