@@ -375,9 +375,11 @@ type goexitPtrError struct{}
 func (*goexitPtrError) Error() string { runtime.Goexit(); return "" }
 
 // An error shared by several ids whose Error ends the goroutine that asks
-// it: the member that tames it ends (its id fails), and the members that
-// wait for that taming are not left waiting: they fail too, and the ids
-// with values get them.
+// it: it is tamed on a goroutine of its own, and every id it fails gets
+// the same error (the member that tamed it once got "fetch called
+// runtime.Goexit", the others an error blaming the error's methods); the
+// members that wait for that taming are not left waiting, and the ids with
+// values get them.
 func TestGetMany_ASharedBatchErrorThatEndsItsGoroutineFailsItsIDs(t *testing.T) {
 	b := miniBackend(t)
 	c := unclosedClient(t, b.addr, "batch-shared-goexit", nil)
@@ -401,10 +403,79 @@ func TestGetMany_ASharedBatchErrorThatEndsItsGoroutineFailsItsIDs(t *testing.T) 
 	}
 	for _, it := range items {
 		switch {
-		case it.ID != "c" && (it.Err == nil || it.Value != nil):
-			t.Errorf("%s: %q, %v; want an error", it.ID, it.Value, it.Err)
+		case it.ID != "c" && (!errors.Is(it.Err, ErrFetchPanicked) || !strings.Contains(it.Err.Error(), "whose methods call runtime.Goexit")):
+			// As a Get's caller gets for such an error: one kind for both
+			// ids, blaming the error's methods, not the batch (helper-74).
+			t.Errorf("%s: %q, %v; want an error wrapping ErrFetchPanicked that blames the error's methods", it.ID, it.Value, it.Err)
 		case it.ID == "c" && (it.Err != nil || string(it.Value) != "v-c"):
 			t.Errorf("c: %q, %v; want its value", it.Value, it.Err)
+		}
+	}
+}
+
+// valueLaterError is a comparable non-pointer error whose Error panics
+// when asked a second time (its counter is shared by its copies).
+type valueLaterError struct{ calls *atomic.Int64 }
+
+func (e valueLaterError) Error() string {
+	if e.calls.Add(1) > 1 {
+		panic("valueLaterError.Error asked again")
+	}
+	return "value later error"
+}
+
+// sliceError is not comparable: == on it panics.
+type sliceError struct{ parts []string }
+
+func (e sliceError) Error() string { return strings.Join(e.parts, ",") }
+
+func batchOfOneError(err error) *ManyOptions {
+	return &ManyOptions{Batch: func(_ context.Context, ids []string) (map[string]BatchValue, error) {
+		out := make(map[string]BatchValue, len(ids))
+		for _, id := range ids {
+			out[id] = BatchValue{Err: err}
+		}
+		return out, nil
+	}}
+}
+
+// A comparable value error shared by ids is tamed once too: matched with
+// ==, not only when it is a pointer (helper-74's review).
+func TestGetMany_ASharedValueBatchErrorIsAskedOnce(t *testing.T) {
+	b := miniBackend(t)
+	c := unclosedClient(t, b.addr, "batch-value", nil)
+	defer closesWithin(t, c, 5*time.Second)
+	shared := valueLaterError{calls: new(atomic.Int64)}
+	ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+	defer cancel()
+	items, err := c.GetMany(ctx, []string{"a", "b", "c"}, nil, batchOfOneError(shared))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, it := range items {
+		if it.Err != error(shared) {
+			t.Errorf("%s: Err = %v (%T); want the batch's own error", it.ID, it.Err, it.Err)
+		}
+	}
+}
+
+// A non-comparable error shared by ids cannot be matched: it is tamed for
+// each id, without a panic, and each id gets it.
+func TestGetMany_ANonComparableSharedBatchErrorIsEachIDs(t *testing.T) {
+	b := miniBackend(t)
+	c := unclosedClient(t, b.addr, "batch-slice", nil)
+	defer closesWithin(t, c, 5*time.Second)
+	shared := sliceError{parts: []string{"x", "y"}}
+	ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+	defer cancel()
+	items, err := c.GetMany(ctx, []string{"a", "b"}, nil, batchOfOneError(shared))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, it := range items {
+		var se sliceError
+		if !errors.As(it.Err, &se) || it.Err.Error() != "x,y" {
+			t.Errorf("%s: Err = %v (%T); want the batch's own error", it.ID, it.Err, it.Err)
 		}
 	}
 }

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -225,12 +224,13 @@ type memberAnswer struct {
 	tames *sharedTames // the batch's: see sharedTames
 }
 
-// sharedTames tames the errors that one batch gives its members, each on
-// its member's own callback goroutine, and asks an error that the batch
-// gave several ids only once, as tame asks a fetch's error once: the
-// first member to take it tames it, and the others wait for that and get
-// the same answer. Errors are matched by identity only when they are
-// pointers, whose comparison asks nothing of them and cannot panic.
+// sharedTames tames the errors that one batch gives its members, for
+// each member's callback goroutine, and asks an error that the batch gave
+// several ids only once, as tame asks a fetch's error once: the first
+// member to take it has it tamed, and the others wait for that and get the
+// same answer. Errors are matched with ==, as map keys, which asks nothing
+// of them; one whose value cannot be a key (a struct holding a slice) is
+// tamed for each member that takes it.
 type sharedTames struct {
 	mu sync.Mutex
 	m  map[error]*sharedTame
@@ -242,26 +242,45 @@ type sharedTame struct {
 }
 
 func (s *sharedTames) tame(err error) error {
-	if err == nil || reflect.TypeOf(err).Kind() != reflect.Pointer {
+	if err == nil {
+		return nil
+	}
+	t, first, ok := s.entry(err)
+	if !ok {
 		return tame("batch fetch", err)
 	}
-	s.mu.Lock()
-	t, ok := s.m[err]
-	if !ok {
-		if s.m == nil {
-			s.m = make(map[error]*sharedTame)
-		}
-		t = &sharedTame{done: make(chan struct{})}
-		s.m[err] = t
+	if first {
+		// On a goroutine of its own, which the member waits for: if the
+		// error's methods end the goroutine that asks them
+		// (runtime.Goexit), every member of the error gets the same
+		// answer, as a Get's caller would (see invoke).
+		t.err = &panickedError{text: fmt.Sprintf("memolock: batch fetch returned an error of type %T whose methods call runtime.Goexit", err)}
+		go func() {
+			defer close(t.done)
+			t.err = tame("batch fetch", err)
+		}()
 	}
-	s.mu.Unlock()
-	if ok {
-		<-t.done
-		return t.err
-	}
-	// If the error's methods end this goroutine, the others get this.
-	t.err = &panickedError{text: fmt.Sprintf("memolock: batch fetch returned an error of type %T whose methods call runtime.Goexit", err)}
-	defer close(t.done)
-	t.err = tame("batch fetch", err)
+	<-t.done
 	return t.err
+}
+
+// entry returns err's entry, made if it is the first to take err; ok is
+// false if err cannot be a map key.
+func (s *sharedTames) entry(err error) (t *sharedTame, first, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	defer func() {
+		if recover() != nil { // hashing an unhashable value panics before the map changes
+			t, first, ok = nil, false, false
+		}
+	}()
+	if t = s.m[err]; t != nil {
+		return t, false, true
+	}
+	if s.m == nil {
+		s.m = make(map[error]*sharedTame)
+	}
+	t = &sharedTame{done: make(chan struct{})}
+	s.m[err] = t
+	return t, true, true
 }
