@@ -28,6 +28,11 @@ type flight struct {
 	// looked is set by the flight's first lookup: only that one may be a
 	// plain GET (see hints.go). Only the lookups touch it.
 	looked bool
+	// phase is guarded by group.mu; served is set with val and err (see
+	// below). Both sit here, beside kind and looked, in what would be
+	// padding.
+	phase  phase
+	served Served
 	// inCallback counts the flight's callbacks running now (see
 	// Engine.reentered). It sits beside kind and looked, in what would be
 	// padding: the flight then fits a 256-byte allocation.
@@ -51,13 +56,16 @@ type flight struct {
 
 	ctx  context.Context    // set by launch: the first caller's values, no deadline
 	stop context.CancelFunc // cancels ctx
-	done chan struct{}      // closed by finish, once answer is set
-	answer
-	revealed error // answer.err as the callers get it (see reveal); set with answer
+	done chan struct{}      // closed by finish, once the answer is set
+	// The answer (val, err and served above), set by group.settle: err
+	// as the engine keeps it (a callback's error is its calledError) and
+	// revealed as the callers get it (see reveal).
+	val      []byte
+	err      error
+	revealed error
 
-	// Guarded by group.mu.
+	// Guarded by group.mu (and phase, above).
 	refs     int
-	phase    phase
 	fallback []byte // a stale copy for callers who give up waiting (StaleTTL)
 }
 
@@ -110,17 +118,21 @@ func (e *Engine) awaitOrLeave(ctx context.Context, f *flight) ([]byte, Served, e
 	return a.val, a.served, a.err
 }
 
+// answer is f's answer, once f.done is closed, with err as the engine
+// keeps it.
+func (f *flight) answer() answer { return answer{val: f.val, err: f.err, served: f.served} }
+
 // await waits for f on behalf of one caller. A caller that gives up waiting
 // gets the stale copy of the value, if the flight has one.
 func (e *Engine) await(ctx context.Context, f *flight) answer {
 	cancelled := ctx.Done()
 	if cancelled == nil {
 		<-f.done // a plain receive: many callers of a hot key contend less
-		return f.answer
+		return f.answer()
 	}
 	select {
 	case <-f.done:
-		return f.answer
+		return f.answer()
 	case <-cancelled:
 	}
 	fallback, left := e.flights.leave(f)
@@ -128,7 +140,7 @@ func (e *Engine) await(ctx context.Context, f *flight) answer {
 	case !left:
 		// Finished meanwhile, and counted with this caller.
 		<-f.done
-		return f.answer
+		return f.answer()
 	case fallback != nil:
 		e.stats.servedStale.Add(1)
 		e.stats.answered(ServedStale, nil)

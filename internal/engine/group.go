@@ -222,7 +222,7 @@ func (g *group) settle(f *flight, a answer, onlyLooking bool) int {
 	}
 	g.mu.Unlock()
 	defer close(f.done) // the callers are not left waiting if outcomeOf panics
-	f.answer, f.revealed = a, reveal(a.err)
+	f.val, f.err, f.revealed, f.served = a.val, a.err, reveal(a.err), a.served
 	if callers > 0 && g.answers != nil {
 		served, o := outcomeOf(a.served, a.err) // a callback's error is its calledError here (see tame)
 		g.answers.answers[served][o].Add(int64(callers))
