@@ -11,21 +11,14 @@ import (
 	"github.com/memolock/memolock/internal/wire"
 )
 
-// Get returns the value of id, whose key (as sent to Redis) is key: from the
-// L1, or through the flight for key, which it joins or starts. Exactly one
-// of fetch and start is set. ctx is not nil and not done.
-func (e *Engine) Get(ctx context.Context, id, key string, fetch Fetcher, start StartFunc) ([]byte, Served, error) {
-	var w Wait
-	val, served, err := e.Join(&w, ctx, id, key, fetch, start)
-	if w.Pending() {
-		return w.Wait()
-	}
-	return val, served, err
-}
-
-// get is Get for the engine's own goroutines (GetMany's workers): its
-// error is the engine's, where a calledError stands for a callback's (see
-// reveal), so that asking it runs none of the callback error's methods.
+// get returns the value of id, whose key (as sent to Redis) is key: from
+// the L1, or through the flight for key, which it joins or starts. Exactly
+// one of fetch and start is set; ctx is not nil and not done. It is a
+// whole Get for the engine's own goroutines (GetMany's workers), which
+// join and wait in one call. Its error is the engine's, where a
+// calledError stands for a callback's (see reveal), so that asking it runs
+// none of the callback error's methods. A user's Get joins with Join and
+// waits in its own frame (see Wait.Done).
 func (e *Engine) get(ctx context.Context, id, key string, fetch Fetcher, start StartFunc) ([]byte, Served, error) {
 	w := Wait{raw: true}
 	val, served, err := e.Join(&w, ctx, id, key, fetch, start)
@@ -110,7 +103,7 @@ func (w *Wait) observed() {
 	w.e.observe(&w.cl, w.f.served, w.f.err)
 }
 
-// Join is Get up to the wait. It returns the answer, unless it leaves w
+// Join is a Get (see get) up to the wait. It returns the answer, unless it leaves w
 // pending: the call joined or led a flight, and its context has no Done
 // channel. The caller then waits on w.Done and takes w.Answer in its own
 // frame (see Done). Join keeps the call's observation in w, which must not
