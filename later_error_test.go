@@ -283,55 +283,57 @@ func (e *countingError) Unwrap() error {
 	return e.inner
 }
 
-type errCodec struct{ err error }
-
-func (c errCodec) Marshal(string) ([]byte, error)        { return nil, c.err }
-func (c errCodec) Unmarshal(data []byte) (string, error) { return string(data), nil }
-
-// A codec's Marshal error is tamed by Inline, which puts memolock's words
-// before it, and the fetch returns that: invoke takes it in without asking
-// the codec's error again. It was once wrapped with fmt.Errorf and tamed
-// again, and an error that misbehaves when asked again reached the caller
-// as ErrPanicked, or with a garbled text (helper-73's review).
-func TestTyped_ACodecErrorIsAskedOnce(t *testing.T) {
-	for _, method := range []string{"Error", "Unwrap"} {
-		t.Run(method, func(t *testing.T) {
-			b := miniBackend(t)
-			c := unclosedClient(t, b.addr, "codec-later", nil)
-			defer closesWithin(t, c, 5*time.Second)
-			codecErr := &countingError{method: method, inner: errors.New("inner")}
-			tc := Typed[string]{Client: c, Codec: errCodec{err: codecErr}}
-			_, err := tc.Get(bg(), "k", func(context.Context, *Lease) (string, time.Duration, error) { return "v", time.Minute, nil })
-			want := fmt.Sprintf("memolock: encoding value of id %q: counting error", "k")
-			// errors.Is with codecErr first: it matches before asking Unwrap.
-			if err == nil || !errors.Is(err, codecErr) || err.Error() != want {
-				t.Errorf("Typed.Get = %q (%T); want %q, wrapping the codec's own error", err, err, want)
-			}
-		})
-	}
+// failingCodec fails its Marshal, or its Unmarshal, with err.
+type failingCodec struct {
+	err      error
+	onDecode bool // Unmarshal fails, not Marshal
 }
 
-type errDecoder struct{ err error }
+func (c failingCodec) Marshal(v string) ([]byte, error) {
+	if c.onDecode {
+		return []byte(v), nil
+	}
+	return nil, c.err
+}
 
-func (c errDecoder) Marshal(v string) ([]byte, error) { return []byte(v), nil }
-func (c errDecoder) Unmarshal([]byte) (string, error) { return "", c.err }
+func (c failingCodec) Unmarshal(data []byte) (string, error) {
+	if c.onDecode {
+		return "", c.err
+	}
+	return string(data), nil
+}
 
-// A codec's Unmarshal error, on the caller's goroutine, is asked once too:
+// A codec's error is asked once. Marshal's is tamed by Inline, which puts
+// memolock's words before it, and the fetch returns that: invoke takes it
+// in without asking the codec's error again. It was once wrapped with
+// fmt.Errorf and tamed again, and an error that misbehaves when asked
+// again reached the caller as ErrPanicked, or with a garbled text
+// (helper-73's review). Unmarshal's comes on the caller's goroutine, and
 // memolock's words before it are built from what tame asked.
-func TestTyped_AnUnmarshalErrorIsAskedOnce(t *testing.T) {
-	for _, method := range []string{"Error", "Unwrap"} {
-		t.Run(method, func(t *testing.T) {
-			b := miniBackend(t)
-			c := unclosedClient(t, b.addr, "decode-later", nil)
-			defer closesWithin(t, c, 5*time.Second)
-			codecErr := &countingError{method: method, inner: errors.New("inner")}
-			tc := Typed[string]{Client: c, Codec: errDecoder{err: codecErr}}
-			_, err := tc.Get(bg(), "k", func(context.Context, *Lease) (string, time.Duration, error) { return "v", time.Minute, nil })
-			want := fmt.Sprintf("memolock: decoding value of id %q: counting error", "k")
-			if err == nil || !errors.Is(err, codecErr) || err.Error() != want {
-				t.Errorf("Typed.Get = %q (%T); want %q, wrapping the codec's own error", err, err, want)
-			}
-		})
+func TestTyped_ACodecErrorIsAskedOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		onDecode bool
+		doing    string
+	}{
+		{"Marshal", false, "encoding"},
+		{"Unmarshal", true, "decoding"},
+	} {
+		for _, method := range []string{"Error", "Unwrap"} {
+			t.Run(tc.name+"/"+method, func(t *testing.T) {
+				b := miniBackend(t)
+				c := unclosedClient(t, b.addr, "codec-later", nil)
+				defer closesWithin(t, c, 5*time.Second)
+				codecErr := &countingError{method: method, inner: errors.New("inner")}
+				typed := Typed[string]{Client: c, Codec: failingCodec{err: codecErr, onDecode: tc.onDecode}}
+				_, err := typed.Get(bg(), "k", func(context.Context, *Lease) (string, time.Duration, error) { return "v", time.Minute, nil })
+				want := fmt.Sprintf("memolock: %s value of id %q: counting error", tc.doing, "k")
+				// errors.Is with codecErr first: it matches before asking Unwrap.
+				if err == nil || !errors.Is(err, codecErr) || err.Error() != want {
+					t.Errorf("Typed.Get = %q (%T); want %q, wrapping the codec's own error", err, err, want)
+				}
+			})
+		}
 	}
 }
 
