@@ -10,21 +10,43 @@ import (
 // callers, its phase, the stale copy offered to callers who leave); the
 // rest of a flight's state belongs to the flight's own goroutine.
 type group struct {
-	mu        sync.Mutex
-	closed    bool
-	flights   map[string]*flight
-	detached  map[*flight]struct{} // running, but no longer joined: see detach
-	coalesced int64                // counted under mu, which every join takes anyway
-	// waking counts, by key, the flights that left flights and are waking
-	// their callers (see settle). wakers holds, by key, a channel that the
-	// first caller to wait for the key's wake-ups makes, and that is closed
-	// when they are over (or at close): a key's wake-up ending wakes no
-	// other key's callers, and one with nobody waiting allocates nothing.
-	waking map[string]int
-	wakers map[string]chan struct{}
+	mu       sync.Mutex
+	closed   bool
+	keys     map[string]keyState  // by key: its joinable flight, and its wake-ups (see keyState)
+	joinable int                  // the keys with a flight
+	detached map[*flight]struct{} // running, but no longer joined: see detach
+	// coalesced is counted under mu, which every join takes anyway.
+	coalesced int64
 	// answers counts the answers that finish gives, before the callers
 	// can see them (a caller may read the counters as soon as it wakes).
 	answers *counters
+}
+
+// A keyState is what the group knows of one key, in one map, so that a
+// call finds both in one lookup: the flight that new callers of the key
+// join (nil: none), and the flights of the key that left it and are
+// waking their callers (see settle). wakers is a channel that the first
+// caller to wait for the key's wake-ups makes, and that is closed when
+// they are over (or at close): a key's wake-up ending wakes no other
+// key's callers, and one with nobody waiting allocates nothing. A key
+// with none of the three has no entry.
+type keyState struct {
+	f      *flight
+	waking int
+	wakers chan struct{}
+}
+
+// put stores s as key's state, or forgets the key if s holds nothing.
+// Under mu.
+func (g *group) put(key string, s keyState) {
+	if s.f == nil && s.waking == 0 && s.wakers == nil {
+		delete(g.keys, key)
+		return
+	}
+	if g.keys == nil {
+		g.keys = make(map[string]keyState)
+	}
+	g.keys[key] = s
 }
 
 // find joins the flight for key, if one is running; otherwise it only
@@ -32,11 +54,14 @@ type group struct {
 func (g *group) find(key string) (*flight, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.awaitWoken(key)
+	s := g.keys[key]
+	if s.waking > 0 {
+		s = g.awaitWoken(key)
+	}
 	if g.closed {
 		return nil, ErrClosed
 	}
-	if f := g.flights[key]; f != nil {
+	if f := s.f; f != nil {
 		f.refs++
 		g.coalesced++
 		return f, nil
@@ -45,44 +70,42 @@ func (g *group) find(key string) (*flight, error) {
 }
 
 // awaitWoken waits, under mu, until no flight for key is waking its
-// callers, or the group is closed. A caller who answers again at once
-// then starts the key's next flight only once the callers it answered
-// with are all runnable, and they can join it.
-func (g *group) awaitWoken(key string) {
-	for g.waking[key] > 0 && !g.closed {
-		ch := g.wakers[key]
-		if ch == nil {
-			if g.wakers == nil {
-				g.wakers = make(map[string]chan struct{})
-			}
-			ch = make(chan struct{})
-			g.wakers[key] = ch
+// callers, or the group is closed, and returns the key's state then. A
+// caller who answers again at once then starts the key's next flight
+// only once the callers it answered with are all runnable, and they can
+// join it.
+func (g *group) awaitWoken(key string) keyState {
+	for {
+		s := g.keys[key]
+		if s.waking == 0 || g.closed {
+			return s
+		}
+		if s.wakers == nil {
+			s.wakers = make(chan struct{})
+			g.keys[key] = s
 		}
 		g.mu.Unlock()
-		<-ch
+		<-s.wakers
 		g.mu.Lock()
 	}
 }
 
 // wakes counts one more flight of key waking its callers. Under mu.
 func (g *group) wakes(key string) {
-	if g.waking == nil {
-		g.waking = make(map[string]int)
-	}
-	g.waking[key]++
+	s := g.keys[key]
+	s.waking++
+	g.put(key, s)
 }
 
 // woke counts one flight of key less waking its callers, and wakes those
 // who wait for the key once none is. Under mu.
 func (g *group) woke(key string) {
-	if g.waking[key]--; g.waking[key] > 0 {
-		return
+	s := g.keys[key]
+	if s.waking--; s.waking == 0 && s.wakers != nil {
+		close(s.wakers)
+		s.wakers = nil
 	}
-	delete(g.waking, key)
-	if ch := g.wakers[key]; ch != nil {
-		close(ch)
-		delete(g.wakers, key)
-	}
+	g.put(key, s)
 }
 
 // lead makes f, built outside the lock, the flight for its key, and
@@ -92,20 +115,19 @@ func (g *group) woke(key string) {
 func (g *group) lead(f *flight, w *work) (*flight, bool, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.awaitWoken(f.key)
+	s := g.awaitWoken(f.key)
 	if g.closed {
 		return nil, false, ErrClosed
 	}
-	if other := g.flights[f.key]; other != nil {
+	if other := s.f; other != nil {
 		other.refs++
 		g.coalesced++
 		return other, false, nil
 	}
-	if g.flights == nil {
-		g.flights = make(map[string]*flight)
-	}
 	f.refs = 1
-	g.flights[f.key] = f
+	s.f = f
+	g.put(f.key, s)
+	g.joinable++
 	w.add() // under mu: Close waits for work only after closing the group
 	return f, true, nil
 }
@@ -210,10 +232,18 @@ func (g *group) settle(f *flight, a answer, onlyLooking bool) int {
 	}
 	f.phase = finished
 	callers := f.refs
-	g.drop(f)
-	held := callers > 1 && g.flights[f.key] == nil // else its callers join that one
+	delete(g.detached, f)
+	s := g.keys[f.key]
+	if s.f == f {
+		s.f = nil
+		g.joinable--
+	}
+	held := callers > 1 && s.f == nil // else its callers join the key's flight
 	if held {
-		g.wakes(f.key)
+		s.waking++
+	}
+	g.put(f.key, s)
+	if held {
 		defer func() { // after close(f.done), even if outcomeOf panics
 			g.mu.Lock()
 			g.woke(f.key)
@@ -239,13 +269,16 @@ func (g *group) close() ([]*flight, bool) {
 		return nil, false
 	}
 	g.closed = true
-	for _, ch := range g.wakers { // callers waiting for a flight to wake its own: closed
-		close(ch)
-	}
-	g.wakers = nil
-	flights := make([]*flight, 0, len(g.flights)+len(g.detached))
-	for _, f := range g.flights {
-		flights = append(flights, f)
+	flights := make([]*flight, 0, g.joinable+len(g.detached))
+	for key, s := range g.keys {
+		if s.wakers != nil { // callers waiting for a flight to wake its own: closed
+			close(s.wakers)
+			s.wakers = nil
+			g.put(key, s)
+		}
+		if s.f != nil {
+			flights = append(flights, s.f)
+		}
 	}
 	for f := range g.detached {
 		flights = append(flights, f)
@@ -270,10 +303,7 @@ func (g *group) background(f *flight, ctx context.Context, w, callbacks *work) b
 		return false
 	}
 	f.phase = holding
-	if g.detached == nil {
-		g.detached = make(map[*flight]struct{})
-	}
-	g.detached[f] = struct{}{}
+	g.markDetached(f)
 	w.add()
 	callbacks.add()
 	return true
@@ -293,10 +323,30 @@ func (g *group) admit(w *work) bool {
 
 // drop forgets f, which is ending. Called under mu.
 func (g *group) drop(f *flight) {
-	if g.flights[f.key] == f {
-		delete(g.flights, f.key)
-	}
+	g.unjoin(f)
 	delete(g.detached, f)
+}
+
+// unjoin makes f, if it is its key's flight, one that no new caller
+// joins. It reports false if f was not its key's flight. Under mu.
+func (g *group) unjoin(f *flight) bool {
+	s, ok := g.keys[f.key]
+	if !ok || s.f != f {
+		return false
+	}
+	s.f = nil
+	g.joinable--
+	g.put(f.key, s)
+	return true
+}
+
+// markDetached adds f to the flights that run but are no longer joined.
+// Under mu.
+func (g *group) markDetached(f *flight) {
+	if g.detached == nil {
+		g.detached = make(map[*flight]struct{})
+	}
+	g.detached[f] = struct{}{}
 }
 
 // detach makes the flight for key, if any, one that new callers no longer
@@ -307,16 +357,18 @@ func (g *group) drop(f *flight) {
 func (g *group) detach(key string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for k, f := range g.flights {
-		if key != "" && k != key {
-			continue
+	detach := func(f *flight) {
+		if f != nil && g.unjoin(f) {
+			f.fallback = nil // the copy may be deleted too
+			g.markDetached(f)
 		}
-		delete(g.flights, k)
-		f.fallback = nil // the copy may be deleted too
-		if g.detached == nil {
-			g.detached = make(map[*flight]struct{})
+	}
+	if key != "" {
+		detach(g.keys[key].f)
+	} else {
+		for _, s := range g.keys {
+			detach(s.f)
 		}
-		g.detached[f] = struct{}{}
 	}
 	// A flight detached or sealed before may still answer its callers
 	// with a stale copy (a sealed one hears its holder's failure, then
@@ -343,21 +395,16 @@ func (g *group) detach(key string) {
 func (g *group) seal(f *flight) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.flights[f.key] != f {
-		return // finished, or detached already
+	if g.unjoin(f) { // else finished, or detached already
+		g.markDetached(f)
 	}
-	delete(g.flights, f.key)
-	if g.detached == nil {
-		g.detached = make(map[*flight]struct{})
-	}
-	g.detached[f] = struct{}{}
 }
 
 // counts returns the coalesced calls so far, and the flights in progress.
 func (g *group) counts() (coalesced int64, running int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.coalesced, len(g.flights) + len(g.detached)
+	return g.coalesced, g.joinable + len(g.detached)
 }
 
 // fallbackOf returns the stale copy offered to f's callers, if any.

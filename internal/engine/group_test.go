@@ -178,8 +178,8 @@ func TestGroup_SettleLeavesNothingWaking(t *testing.T) {
 		if n := g.finish(f, answer{val: []byte("v")}); n != callers {
 			t.Errorf("finish answered %d callers, want %d", n, callers)
 		}
-		if len(g.waking) != 0 || len(g.wakers) != 0 || len(g.flights) != 0 {
-			t.Fatalf("%d callers: waking %v, wakers %v, flights %v after finish", callers, g.waking, g.wakers, g.flights)
+		if len(g.keys) != 0 || g.joinable != 0 {
+			t.Fatalf("%d callers: keys %v, joinable %d after finish", callers, g.keys, g.joinable)
 		}
 	}
 	f := &flight{id: "k", key: "k", done: make(chan struct{})}
@@ -187,8 +187,8 @@ func TestGroup_SettleLeavesNothingWaking(t *testing.T) {
 	g.find("k")
 	g.detach("k")
 	g.finish(f, answer{})
-	if len(g.waking) != 0 || len(g.detached) != 0 {
-		t.Errorf("detached: waking %v, detached %v after finish", g.waking, g.detached)
+	if len(g.keys) != 0 || len(g.detached) != 0 || g.joinable != 0 {
+		t.Errorf("detached: keys %v, detached %v, joinable %d after finish", g.keys, g.detached, g.joinable)
 	}
 }
 
@@ -220,8 +220,8 @@ func TestGroup_SettleAnswersEvenIfTheErrorsIsPanics(t *testing.T) {
 	default:
 		t.Fatal("the callers were left waiting")
 	}
-	if len(g.waking) != 0 {
-		t.Errorf("waking %v after the panic", g.waking)
+	if len(g.keys) != 0 {
+		t.Errorf("keys %v after the panic", g.keys)
 	}
 	done := make(chan error, 1)
 	go func() { _, err := g.find("k"); done <- err }()
@@ -271,8 +271,8 @@ func TestGroup_AKeyStaysWakingUntilItsCallersHaveTheAnswer(t *testing.T) {
 	}()
 	<-asked // settle is in outcomeOf, the key waking
 	g.mu.Lock()
-	if g.waking["k"] != 1 {
-		t.Errorf("waking %v while the flight answers its callers; want k: 1", g.waking)
+	if g.keys["k"].waking != 1 {
+		t.Errorf("keys %v while the flight answers its callers; want k waking 1", g.keys)
 	}
 	close(release)
 	select {
@@ -282,7 +282,67 @@ func TestGroup_AKeyStaysWakingUntilItsCallersHaveTheAnswer(t *testing.T) {
 	}
 	g.mu.Unlock()
 	<-settled
-	if len(g.waking) != 0 {
-		t.Errorf("waking %v after settle", g.waking)
+	if len(g.keys) != 0 {
+		t.Errorf("keys %v after settle", g.keys)
 	}
+}
+
+// The group keeps a key's joinable flight and its wake-ups in one entry:
+// detaching one key leaves the others' flights joinable, detaching all
+// ("", Purge) leaves none, and counts, which the flights gauge reads,
+// follows every step, with a key's entry gone once it holds nothing.
+func TestGroup_DetachSealAndCountsKeepEachKeysFlight(t *testing.T) {
+	var g group
+	var w work
+	lead := func(key string) *flight {
+		t.Helper()
+		f := &flight{id: key, key: key, done: make(chan struct{})}
+		if _, led, err := g.lead(f, &w); err != nil || !led {
+			t.Fatalf("lead(%s): %v, %v", key, led, err)
+		}
+		return f
+	}
+	running := func(want int) {
+		t.Helper()
+		if _, n := g.counts(); n != want {
+			t.Errorf("counts: %d flights running, want %d", n, want)
+		}
+	}
+	a, b, c := lead("a"), lead("b"), lead("c")
+	running(3)
+	g.detach("b")
+	if f, _ := g.find("b"); f != nil {
+		t.Error("find(b) joined a detached flight")
+	}
+	if f, _ := g.find("a"); f != a {
+		t.Errorf("find(a) = %p, want a's flight %p: detach(b) took it", f, a)
+	}
+	running(3) // b runs on, detached
+	b2 := lead("b")
+	running(4)
+	g.seal(c)
+	g.seal(c) // a second seal changes nothing
+	if f, _ := g.find("c"); f != nil {
+		t.Error("find(c) joined a sealed flight")
+	}
+	running(4)
+	g.detach("")
+	for _, key := range []string{"a", "b", "c"} {
+		if f, _ := g.find(key); f != nil {
+			t.Errorf("find(%s) joined a flight after detach(\"\")", key)
+		}
+	}
+	running(4)
+	for _, f := range []*flight{a, b, c, b2} {
+		g.finish(f, answer{})
+	}
+	running(0)
+	if len(g.keys) != 0 || g.joinable != 0 || len(g.detached) != 0 {
+		t.Errorf("after every flight finished: keys %v, joinable %d, detached %d", g.keys, g.joinable, len(g.detached))
+	}
+	d := lead("d")
+	if flights, ok := g.close(); !ok || len(flights) != 1 || flights[0] != d {
+		t.Errorf("close returned %v, %v; want d's flight alone", flights, ok)
+	}
+	g.finish(d, answer{})
 }
