@@ -77,7 +77,7 @@ func (g *group) find(key string) (*flight, error) {
 func (g *group) awaitWoken(key string) keyState {
 	for {
 		s := g.keys[key]
-		if s.waking == 0 || g.closed {
+		if s.waking <= 0 || g.closed {
 			return s
 		}
 		if s.wakers == nil {
@@ -88,13 +88,6 @@ func (g *group) awaitWoken(key string) keyState {
 		<-s.wakers
 		g.mu.Lock()
 	}
-}
-
-// wakes counts one more flight of key waking its callers. Under mu.
-func (g *group) wakes(key string) {
-	s := g.keys[key]
-	s.waking++
-	g.put(key, s)
 }
 
 // woke counts one flight of key less waking its callers, and wakes those
@@ -190,10 +183,15 @@ func (g *group) hold(f *flight, w *work) bool {
 }
 
 // retire ends a holding flight that no caller waits for: it reports true,
-// and no new caller joins it, if f has no callers.
+// and no new caller joins it, if f has no callers, or if Close finished it
+// already (a holding flight outlives its callers, and Close finishes every
+// flight it finds), whose answer must not be given twice.
 func (g *group) retire(f *flight) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if f.phase == finished {
+		return true // Close finished it meanwhile: it ends, and finishes nothing again
+	}
 	if f.refs > 0 {
 		return false
 	}

@@ -346,3 +346,45 @@ func TestGroup_DetachSealAndCountsKeepEachKeysFlight(t *testing.T) {
 	}
 	g.finish(d, answer{})
 }
+
+// A holding flight whose callers all left is still the group's, and Close
+// finishes it with ErrClosed; its own goroutine, retiring it afterwards
+// (an external producer's round that took its lock again), must not make
+// it a flight to finish again: finish would close done twice and panic
+// (helper-75's review).
+func TestGroup_RetireAfterCloseFinishedTheFlightFinishesNothingAgain(t *testing.T) {
+	var g group
+	var w work
+	f := &flight{id: "k", key: "k", done: make(chan struct{})}
+	g.lead(f, &w)
+	if !g.hold(f, &w) {
+		t.Fatal("hold refused a looking flight")
+	}
+	g.leave(f) // its one caller gave up: a holding flight goes on
+	flights, _ := g.close()
+	for _, f := range flights {
+		g.finish(f, answer{err: ErrClosed})
+	}
+	if !g.retire(f) {
+		t.Error("retire kept a flight that Close finished")
+	}
+	if f.phase != finished {
+		t.Errorf("retire turned a finished flight into phase %v", f.phase)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			t.Fatalf("the flight's own finish after retire: %v", r)
+		}
+	}()
+	if n := g.finish(f, answer{err: errAbandoned}); n != -1 {
+		t.Errorf("finish after retire answered %d callers; want -1 (finished already)", n)
+	}
+}
+
+// wakes counts one more flight of key waking its callers, as settle does
+// for a flight with callers to wake. Under mu.
+func (g *group) wakes(key string) {
+	s := g.keys[key]
+	s.waking++
+	g.put(key, s)
+}
