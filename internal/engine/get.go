@@ -259,7 +259,12 @@ func (e *Engine) reentered(f *flight) error {
 	if cur, ok := e.callbacks.current(); !ok || !slices.Contains(cur, f) {
 		return nil
 	}
-	e.flights.leave(f)
+	if _, left := e.flights.leave(f); !left {
+		// Finished meanwhile (Close, or a value pushed while OnWait
+		// ran), and counted with this call: it takes that answer,
+		// which waits for nothing, as await does.
+		return nil
+	}
 	return reentryError(f.id)
 }
 
